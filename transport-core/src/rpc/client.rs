@@ -1,0 +1,385 @@
+//! The RPC client: many calls in flight on one connection, matched by request id.
+
+use super::error::{RpcError, Status};
+use super::header::{Kind, RpcHeader, RPC_HEADER_LEN};
+use crate::{
+    BufferPool, Connection, HeaderBytes, Message, MessageReceiver, MessageSender, Metrics,
+    SendBuffer, TransportError,
+};
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{oneshot, Semaphore};
+use tokio::task::JoinHandle;
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Most calls in flight at once on the connection; further calls wait for a slot.
+    pub max_in_flight: usize,
+    /// Deadline for calls that do not set one (`None`: wait as long as the connection lives).
+    pub default_deadline: Option<Duration>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            max_in_flight: 4096,
+            default_deadline: None,
+        }
+    }
+}
+
+/// Per-call options.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CallOptions {
+    /// Give up after this long (covers waiting for a slot, sending and the response).
+    pub deadline: Option<Duration>,
+}
+
+impl CallOptions {
+    /// Options with a deadline.
+    pub fn deadline(d: Duration) -> CallOptions {
+        CallOptions { deadline: Some(d) }
+    }
+}
+
+type Reply = Result<Bytes, RpcError>;
+
+struct State {
+    pending: HashMap<u64, oneshot::Sender<Reply>>,
+    /// Set once the connection is gone: every later call fails with it.
+    closed: Option<RpcError>,
+}
+
+struct Shared<S> {
+    sender: tokio::sync::Mutex<S>,
+    state: Mutex<State>,
+    next_id: AtomicU64,
+    slots: Semaphore,
+    metrics: Arc<Metrics>,
+    pool: Arc<dyn BufferPool>,
+    max_message_size: usize,
+    config: ClientConfig,
+}
+
+impl<S> Shared<S> {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // A poisoned lock only means a panic elsewhere while holding it; the map stays valid.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn register(&self) -> Result<(u64, oneshot::Receiver<Reply>), RpcError> {
+        let (tx, rx) = oneshot::channel();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut st = self.state();
+        if let Some(e) = &st.closed {
+            return Err(e.clone());
+        }
+        st.pending.insert(id, tx);
+        drop(st);
+        self.metrics.in_flight.enter();
+        Ok((id, rx))
+    }
+
+    /// Removes a pending call; true if it was still pending.
+    fn forget(&self, id: u64) -> bool {
+        let removed = self.state().pending.remove(&id).is_some();
+        if removed {
+            self.metrics.in_flight.exit();
+        }
+        removed
+    }
+
+    fn complete(&self, id: u64, reply: Reply) {
+        let tx = self.state().pending.remove(&id);
+        if let Some(tx) = tx {
+            self.metrics.in_flight.exit();
+            let _ = tx.send(reply);
+        }
+        // Unknown id: a call that timed out or was cancelled; its late answer is dropped.
+    }
+
+    fn fail_all(&self, err: RpcError) {
+        let pending = {
+            let mut st = self.state();
+            if st.closed.is_none() {
+                st.closed = Some(err.clone());
+            }
+            std::mem::take(&mut st.pending)
+        };
+        for (_, tx) in pending {
+            self.metrics.in_flight.exit();
+            let _ = tx.send(Err(err.clone()));
+        }
+        self.slots.close();
+    }
+}
+
+/// Aborts the reader task when the last client handle goes away.
+struct ReaderTask(JoinHandle<()>);
+
+impl Drop for ReaderTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// An RPC client over one connection. Cheap to clone; clones share the connection and may call
+/// concurrently (that is how requests are pipelined).
+///
+/// ```no_run
+/// # async fn demo<C: transport_core::Connection>(conn: C) -> Result<(), transport_core::rpc::RpcError> {
+/// use bytes::Bytes;
+/// use std::time::Duration;
+/// use transport_core::rpc::{CallOptions, ClientConfig, RpcClient};
+///
+/// let client = RpcClient::new(conn, ClientConfig::default());
+/// let reply = client.call(7, Bytes::from_static(b"ping")).await?;
+/// client.oneway(8, Bytes::from_static(b"log line")).await?;
+/// let quick = client
+///     .call_with(7, Bytes::new(), CallOptions::deadline(Duration::from_millis(100)))
+///     .await;
+/// # Ok(()) }
+/// ```
+///
+/// Must be created inside a tokio runtime: a task reads the responses. When the connection
+/// dies, every pending call fails with [`RpcError::ConnectionClosed`] or
+/// [`RpcError::ConnectionLost`], and so does every later call.
+pub struct RpcClient<S: MessageSender> {
+    shared: Arc<Shared<S>>,
+    _reader: Arc<ReaderTask>,
+}
+
+impl<S: MessageSender> Clone for RpcClient<S> {
+    fn clone(&self) -> Self {
+        RpcClient {
+            shared: self.shared.clone(),
+            _reader: self._reader.clone(),
+        }
+    }
+}
+
+impl<S: MessageSender> RpcClient<S> {
+    /// Starts a client on a connection.
+    pub fn new<C>(conn: C, config: ClientConfig) -> RpcClient<S>
+    where
+        C: Connection<Sender = S>,
+    {
+        let metrics = conn.metrics();
+        let (sender, receiver) = conn.split();
+        let shared = Arc::new(Shared {
+            max_message_size: sender.max_message_size(),
+            pool: sender.buffer_pool(),
+            sender: tokio::sync::Mutex::new(sender),
+            state: Mutex::new(State {
+                pending: HashMap::new(),
+                closed: None,
+            }),
+            next_id: AtomicU64::new(1),
+            slots: Semaphore::new(config.max_in_flight.clamp(1, Semaphore::MAX_PERMITS)),
+            metrics,
+            config,
+        });
+        let reader = tokio::spawn(read_responses(receiver, shared.clone()));
+        RpcClient {
+            shared,
+            _reader: Arc::new(ReaderTask(reader)),
+        }
+    }
+
+    /// Calls `method` and waits for its response (with the default deadline, if configured).
+    pub async fn call(&self, method: u32, payload: Bytes) -> Result<Bytes, RpcError> {
+        self.call_with(method, payload, CallOptions::default()).await
+    }
+
+    /// Calls `method` with per-call options.
+    ///
+    /// Dropping the returned future cancels the call: the server is sent a cancel.
+    pub async fn call_with(
+        &self,
+        method: u32,
+        payload: Bytes,
+        opts: CallOptions,
+    ) -> Result<Bytes, RpcError> {
+        match opts.deadline.or(self.shared.config.default_deadline) {
+            None => self.call_inner(method, payload).await,
+            Some(d) => match tokio::time::timeout(d, self.call_inner(method, payload)).await {
+                Ok(r) => r,
+                Err(_) => Err(RpcError::DeadlineExceeded(d)),
+            },
+        }
+    }
+
+    async fn call_inner(&self, method: u32, payload: Bytes) -> Result<Bytes, RpcError> {
+        self.check_size(payload.len())?;
+        let _slot = self
+            .shared
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| self.closed_error())?;
+        let (id, rx) = self.shared.register()?;
+        let mut guard = PendingCall {
+            shared: &self.shared,
+            id,
+            method,
+            armed: true,
+        };
+        let header = RpcHeader::new(Kind::Request, method, id, payload.len());
+        self.send(Message::new(HeaderBytes::from(header.encode()), payload))
+            .await?;
+        let reply = rx.await;
+        guard.armed = false;
+        match reply {
+            Ok(r) => r,
+            // The reader dropped the sender without an answer: the client is going away.
+            Err(_) => Err(self.closed_error()),
+        }
+    }
+
+    /// Sends a oneway call: no response, no error from the handler. Returns once the transport
+    /// has taken the message.
+    pub async fn oneway(&self, method: u32, payload: Bytes) -> Result<(), RpcError> {
+        self.check_size(payload.len())?;
+        if let Some(e) = &self.shared.state().closed {
+            return Err(e.clone());
+        }
+        let header = RpcHeader::new(Kind::Oneway, method, 0, payload.len());
+        self.send(Message::new(HeaderBytes::from(header.encode()), payload))
+            .await
+    }
+
+    /// A payload buffer from the connection's pool (registered memory on verbs: no copy).
+    pub fn alloc(&self, capacity: usize) -> SendBuffer {
+        self.shared.pool.alloc(capacity)
+    }
+
+    /// The connection's counters.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.shared.metrics
+    }
+
+    /// Calls in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.shared.state().pending.len()
+    }
+
+    /// Largest request payload this client can send.
+    pub fn max_payload(&self) -> usize {
+        self.shared.max_message_size.saturating_sub(RPC_HEADER_LEN)
+    }
+
+    /// Closes the sending direction. Calls already sent still receive their responses (the
+    /// server answers them, then closes); new calls fail with [`RpcError::ClientClosed`].
+    pub async fn close(&self) -> Result<(), RpcError> {
+        {
+            let mut st = self.shared.state();
+            if st.closed.is_none() {
+                st.closed = Some(RpcError::ClientClosed);
+            }
+        }
+        let mut s = self.shared.sender.lock().await;
+        s.close().await.map_err(RpcError::from)
+    }
+
+    fn check_size(&self, payload_len: usize) -> Result<(), RpcError> {
+        let len = RPC_HEADER_LEN + payload_len;
+        if len > self.shared.max_message_size || payload_len > u32::MAX as usize {
+            return Err(RpcError::RequestTooLarge {
+                len: len as u64,
+                max: self.shared.max_message_size as u64,
+            });
+        }
+        Ok(())
+    }
+
+    fn closed_error(&self) -> RpcError {
+        self.shared
+            .state()
+            .closed
+            .clone()
+            .unwrap_or(RpcError::ClientClosed)
+    }
+
+    async fn send(&self, msg: Message) -> Result<(), RpcError> {
+        let mut s = self.shared.sender.lock().await;
+        match s.send(msg).await {
+            Ok(()) => Ok(()),
+            Err(e) if !e.is_fatal() => Err(e.into()),
+            Err(e) => {
+                let err = RpcError::from(e);
+                drop(s);
+                self.shared.fail_all(err.clone());
+                Err(err)
+            }
+        }
+    }
+}
+
+/// A call waiting for its response. If the call future is dropped (deadline or cancellation)
+/// while armed, the call is forgotten and the server is sent a cancel.
+struct PendingCall<'a, S: MessageSender> {
+    shared: &'a Arc<Shared<S>>,
+    id: u64,
+    method: u32,
+    armed: bool,
+}
+
+impl<S: MessageSender> Drop for PendingCall<'_, S> {
+    fn drop(&mut self) {
+        if !self.armed || !self.shared.forget(self.id) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let shared = self.shared.clone();
+        let header = RpcHeader::new(Kind::Cancel, self.method, self.id, 0);
+        rt.spawn(async move {
+            let mut s = shared.sender.lock().await;
+            // Best effort: a failure here shows up on the next call or in the reader.
+            let _ = s
+                .send(Message::new(HeaderBytes::from(header.encode()), Bytes::new()))
+                .await;
+        });
+    }
+}
+
+async fn read_responses<R: MessageReceiver, S>(mut rx: R, shared: Arc<Shared<S>>) {
+    let err = loop {
+        let msg = match rx.recv().await {
+            Ok(Some(msg)) => msg,
+            Ok(None) => break RpcError::ConnectionClosed,
+            Err(TransportError::MessageTooLarge { len, max, header }) => {
+                match RpcHeader::decode(header.as_slice()) {
+                    Ok(h) => shared.complete(h.request_id, Err(RpcError::ResponseTooLarge { len, max })),
+                    Err(e) => break RpcError::from(e),
+                }
+                continue;
+            }
+            Err(e) => break RpcError::from(e),
+        };
+        let h = match RpcHeader::decode(msg.header.as_slice()) {
+            Ok(h) => h,
+            Err(e) => break e.into(),
+        };
+        if let Err(e) = h.check_payload(msg.payload.len()) {
+            break e.into();
+        }
+        match h.kind {
+            Kind::Response => shared.complete(h.request_id, Ok(msg.payload)),
+            Kind::Error => shared.complete(
+                h.request_id,
+                Err(RpcError::Remote(Status::decode(&msg.payload))),
+            ),
+            other => {
+                break RpcError::Protocol(format!("a server sent a {other:?} message"));
+            }
+        }
+    };
+    tracing::debug!(error = %err, "rpc client connection ended");
+    shared.fail_all(err);
+}

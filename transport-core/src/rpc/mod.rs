@@ -1,0 +1,22 @@
+//! The RPC layer: a fixed header ([`header`]), a client that pipelines many calls on one
+//! connection ([`RpcClient`]) and a server that runs a [`Handler`] for each ([`RpcServer`]).
+//!
+//! Serialization is the caller's: payloads are bytes.
+//!
+//! | kind | sent by | payload | answered by |
+//! |---|---|---|---|
+//! | Request | client | arguments | Response or Error with the same request id |
+//! | Oneway | client | arguments | nothing |
+//! | Response | server | result | — |
+//! | Error | server | code (u32 LE) + UTF-8 message | — |
+//! | Cancel | client | empty | nothing (the handler is dropped) |
+
+mod client;
+mod error;
+pub mod header;
+mod server;
+
+pub use client::{CallOptions, ClientConfig, RpcClient};
+pub use error::{code, RpcError, Status, MAX_STATUS_MESSAGE};
+pub use header::{HeaderError, Kind, RpcHeader, RPC_HEADER_LEN};
+pub use server::{Handler, Request, RpcServer, ServerConfig};

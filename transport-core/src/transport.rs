@@ -1,0 +1,150 @@
+//! The transport abstraction: connect / listen / accept and message-oriented connections.
+
+use crate::{Capabilities, Message, Metrics, SendBuffer, TransportError};
+
+use std::fmt::{Debug, Display};
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::Arc;
+
+/// A transport backend (TCP, Unix sockets, verbs, ...): the factory of connections.
+///
+/// Methods are `async` (return `impl Future + Send`), so code generic over `T: Transport`
+/// compiles to direct calls: no boxing, no dynamic dispatch on the data path.
+pub trait Transport: Send + Sync + 'static {
+    /// The address type (`SocketAddr`, a socket path, ...). `Display`/`FromStr` round-trip.
+    type Addr: Clone + Debug + Display + FromStr + Send + Sync + 'static;
+    /// The connection type.
+    type Connection: Connection;
+    /// The listener type.
+    type Listener: Listener<Addr = Self::Addr, Connection = Self::Connection>;
+
+    /// What this backend can do, with this transport's configuration.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Opens a connection to a listener at `addr`.
+    fn connect(
+        &self,
+        addr: &Self::Addr,
+    ) -> impl Future<Output = Result<Self::Connection, TransportError>> + Send;
+
+    /// Listens at `addr` (a TCP port of 0 picks a free port: see [`Listener::local_addr`]).
+    fn listen(
+        &self,
+        addr: &Self::Addr,
+    ) -> impl Future<Output = Result<Self::Listener, TransportError>> + Send;
+}
+
+/// Accepts incoming connections.
+pub trait Listener: Send + 'static {
+    /// The address type.
+    type Addr: Clone + Debug + Display + Send + Sync + 'static;
+    /// The connection type.
+    type Connection: Connection;
+
+    /// The address peers connect to.
+    fn local_addr(&self) -> Result<Self::Addr, TransportError>;
+
+    /// Waits for the next connection. Cancel safe: dropping the future loses no connection.
+    fn accept(&mut self) -> impl Future<Output = Result<Self::Connection, TransportError>> + Send;
+}
+
+/// An established, reliable, ordered, message-oriented connection.
+///
+/// Split it into a [`MessageSender`] and a [`MessageReceiver`] so that one task can receive
+/// while others send.
+pub trait Connection: Send + 'static {
+    /// The sending half.
+    type Sender: MessageSender;
+    /// The receiving half.
+    type Receiver: MessageReceiver;
+
+    /// What this connection can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// The counters of this connection, shared by both halves.
+    fn metrics(&self) -> Arc<Metrics>;
+
+    /// The peer's address, for logs.
+    fn peer(&self) -> String;
+
+    /// Splits into independently usable halves.
+    fn split(self) -> (Self::Sender, Self::Receiver);
+}
+
+/// The sending half of a connection.
+pub trait MessageSender: Send + 'static {
+    /// Sends one whole message. Returns when the transport has taken it (written to the socket,
+    /// or posted and its buffer pinned until completion): the peer has not necessarily read it.
+    ///
+    /// A message larger than [`MessageSender::max_message_size`] fails with
+    /// [`TransportError::MessageTooLarge`] before anything is written.
+    ///
+    /// Cancel safety: if the future is dropped, the message was either not taken at all, or it
+    /// was taken and its remainder goes out with the next `send`, `send_batch`, `flush` or
+    /// `close` on this sender. A stream is never left with half a frame.
+    fn send(&mut self, msg: Message) -> impl Future<Output = Result<(), TransportError>> + Send;
+
+    /// Sends several messages, in order, with as few system calls or doorbells as the backend
+    /// can manage. `msgs` is drained.
+    fn send_batch(
+        &mut self,
+        msgs: &mut Vec<Message>,
+    ) -> impl Future<Output = Result<(), TransportError>> + Send {
+        async move {
+            for msg in msgs.drain(..) {
+                self.send(msg).await?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Where payload buffers that this backend sends without copying come from.
+    fn buffer_pool(&self) -> Arc<dyn BufferPool> {
+        Arc::new(HeapPool)
+    }
+
+    /// Writes out whatever an earlier, cancelled `send` left half-written.
+    fn flush(&mut self) -> impl Future<Output = Result<(), TransportError>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Largest message (header + payload) the peer accepts, as configured.
+    fn max_message_size(&self) -> usize;
+
+    /// Flushes and closes the sending direction; the peer's receiver sees a clean end.
+    fn close(&mut self) -> impl Future<Output = Result<(), TransportError>> + Send;
+
+    /// The connection's counters.
+    fn metrics(&self) -> &Arc<Metrics>;
+}
+
+/// The receiving half of a connection.
+pub trait MessageReceiver: Send + 'static {
+    /// Receives the next whole message; `Ok(None)` when the peer closed cleanly.
+    ///
+    /// Cancel safe: dropping the future loses no data (a partially received message stays
+    /// buffered for the next call). After a fatal error (see [`TransportError::is_fatal`])
+    /// the receiver keeps returning errors.
+    fn recv(&mut self) -> impl Future<Output = Result<Option<Message>, TransportError>> + Send;
+
+    /// The connection's counters.
+    fn metrics(&self) -> &Arc<Metrics>;
+}
+
+/// A source of send buffers (registered slabs on verbs, the heap on sockets).
+pub trait BufferPool: Send + Sync + 'static {
+    /// A buffer with room for at least `capacity` bytes (heap memory if the pool cannot serve
+    /// that size: sending it then costs the backend a copy or a cached registration).
+    fn alloc(&self, capacity: usize) -> SendBuffer;
+}
+
+/// The pool of the socket backends: plain heap memory.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HeapPool;
+
+impl BufferPool for HeapPool {
+    fn alloc(&self, capacity: usize) -> SendBuffer {
+        SendBuffer::heap(capacity)
+    }
+}

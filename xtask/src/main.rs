@@ -1,0 +1,79 @@
+//! `cargo xtask`: the project's automation, in Rust rather than shell.
+//!
+//! ```text
+//! cargo xtask bench [ARGS]   install what the build needs, then run the `bench` comparison
+//! cargo xtask test           install what is needed, then run every check and test suite
+//!                            (fmt, clippy, workspace tests, the verbs suite in the soft-RoCE guest)
+//! cargo xtask deps           only install / check the system packages
+//! cargo xtask testbed ...    the soft-RoCE QEMU test bed (see `cargo xtask testbed --help`)
+//! ```
+
+mod deps;
+mod testbed;
+mod util;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (cmd, rest) = match args.split_first() {
+        Some((c, r)) => (c.as_str(), r),
+        None => ("help", &[][..]),
+    };
+    let result = match cmd {
+        "deps" => deps::ensure_build_deps(),
+        "test" => run_tests(rest),
+        "bench" => run_bench(rest),
+        "testbed" => testbed::main(rest),
+        "help" | "-h" | "--help" => {
+            print_help();
+            Ok(())
+        }
+        other => Err(format!("unknown xtask command `{other}`; try `cargo xtask help`")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_help() {
+    println!(
+        "cargo xtask <command>\n\n\
+         commands:\n  \
+         bench [ARGS]   install build dependencies, then `cargo run --release -p bench -- ARGS`\n  \
+         test           install dependencies, then fmt + clippy + workspace tests + verbs suite in the soft-RoCE guest\n  \
+         deps           install (as root) or list (otherwise) the system packages the build needs\n  \
+         testbed ...    the soft-RoCE QEMU test bed (`cargo xtask testbed help`)"
+    );
+}
+
+/// The README's test command: every check CI runs, in order, failing on the first failure.
+fn run_tests(args: &[String]) -> Result<(), String> {
+    let skip_verbs = args.iter().any(|a| a == "--no-verbs");
+    deps::ensure_build_deps()?;
+    util::run("cargo", &["fmt", "--all", "--check"])?;
+    util::run(
+        "cargo",
+        &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
+    )?;
+    util::run("cargo", &["test", "--workspace", "--all-targets"])?;
+    util::run("cargo", &["test", "--workspace", "--doc"])?;
+    if skip_verbs {
+        // Only for local iteration; CI never passes this flag (see .ci/run).
+        eprintln!("xtask: --no-verbs given: the verbs suite did NOT run");
+        return Ok(());
+    }
+    testbed::run_verbs_suite()
+}
+
+/// The README's main command: the transport comparison.
+fn run_bench(args: &[String]) -> Result<(), String> {
+    deps::ensure_build_deps()?;
+    let mut full = vec!["run", "--quiet", "--release", "-p", "bench", "--"];
+    full.extend(args.iter().map(String::as_str));
+    util::run("cargo", &full)
+}
