@@ -29,7 +29,9 @@ fn main() -> ExitCode {
             print_help();
             Ok(())
         }
-        other => Err(format!("unknown xtask command `{other}`; try `cargo xtask help`")),
+        other => Err(format!(
+            "unknown xtask command `{other}`; try `cargo xtask help`"
+        )),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -58,7 +60,14 @@ fn run_tests(args: &[String]) -> Result<(), String> {
     util::run("cargo", &["fmt", "--all", "--check"])?;
     util::run(
         "cargo",
-        &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
     )?;
     util::run("cargo", &["test", "--workspace", "--all-targets"])?;
     util::run("cargo", &["test", "--workspace", "--doc"])?;

@@ -1,0 +1,490 @@
+//! Runs QEMU guests: streams their console to the terminal and the log, enforces the hard
+//! deadlines, and turns what happened into an [`Outcome`].
+//!
+//! Every QEMU runs in its own process group with a parent-death SIGKILL; on a deadline, on an
+//! error and on drop the whole group is SIGKILLed and reaped, so no guest outlives the command.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::fetch::Fetched;
+use super::script;
+use super::sys;
+
+/// From QEMU's start to the guest's READY line (boot ~6 s under TCG; generous for a busy host).
+pub const BOOT_TIMEOUT: Duration = Duration::from_secs(150);
+
+/// A log file shared by the guests of one command (lines are prefixed with the guest label).
+pub struct Log {
+    path: PathBuf,
+    file: Mutex<File>,
+}
+
+impl Log {
+    /// Creates `dir/<kind>-<timestamp>.log`.
+    pub fn create(dir: &Path, kind: &str) -> Result<Arc<Log>, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let path = dir.join(format!("{kind}-{}.log", timestamp()));
+        let file = File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Arc::new(Log {
+            path,
+            file: Mutex::new(file),
+        }))
+    }
+
+    /// The log's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one line (also used for the host's own notes and the summary).
+    pub fn line(&self, text: &str) {
+        if let Ok(mut f) = self.file.lock() {
+            let _ = writeln!(f, "{text}");
+        }
+    }
+}
+
+/// `YYYYMMDD-HHMMSS` (UTC) without a date crate.
+pub fn timestamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// A virtio NIC on a UDP socket "wire" to the peer guest.
+#[derive(Debug, Clone)]
+pub struct Wire {
+    /// Our UDP port on 127.0.0.1.
+    pub local_port: u16,
+    /// The peer's UDP port on 127.0.0.1.
+    pub remote_port: u16,
+    /// Our MAC address.
+    pub mac: String,
+}
+
+/// One guest to boot.
+#[derive(Debug, Clone)]
+pub struct GuestSpec {
+    /// Prefix for its console lines ("" for a lone guest).
+    pub label: String,
+    /// `tb.*` kernel parameters read by `/init` (if, ip, peer, timeout, script, share).
+    pub params: Vec<(String, String)>,
+    /// Host directory shared read-only as `/mnt/host`.
+    pub share: Option<PathBuf>,
+    /// Network: none (rxe on dummy0) or a wire to a peer (rxe on eth0).
+    pub wire: Option<Wire>,
+    /// Hard limit from QEMU's start to its end.
+    pub deadline: Duration,
+}
+
+/// How a guest ended.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The guest's label.
+    pub label: String,
+    /// `rc` of the guest's `TESTBED-RESULT` line, if it printed one.
+    pub rc: Option<i32>,
+    /// QEMU's exit status (isa-debug-exit: rc*2+1).
+    pub status: Option<ExitStatus>,
+    /// Why the host killed it, if it did.
+    pub killed: Option<String>,
+    /// Console lines.
+    pub transcript: Vec<String>,
+    /// Time from QEMU's start to the READY line.
+    pub ready_after: Option<Duration>,
+    /// Time from QEMU's start to its end.
+    pub elapsed: Duration,
+}
+
+impl Outcome {
+    /// True only when the guest reported rc 0 *and* QEMU exited through isa-debug-exit with it.
+    pub fn ok(&self) -> bool {
+        self.killed.is_none() && self.rc == Some(0) && self.status.and_then(|s| s.code()) == Some(1)
+    }
+
+    /// One line saying what went wrong (or that nothing did).
+    pub fn describe(&self) -> String {
+        let who = if self.label.is_empty() {
+            "guest".to_owned()
+        } else {
+            format!("guest {}", self.label)
+        };
+        let status = self
+            .status
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "not reaped".into());
+        if let Some(why) = &self.killed {
+            return format!(
+                "{who} killed after {:.0}s: {why}",
+                self.elapsed.as_secs_f64()
+            );
+        }
+        match self.rc {
+            None => format!(
+                "{who} ended without reporting a result (QEMU {status}): kernel panic or crash? see the log"
+            ),
+            Some(0) if self.ok() => format!("{who} passed in {:.1}s", self.elapsed.as_secs_f64()),
+            Some(0) => format!("{who} reported rc 0 but QEMU ended with {status}"),
+            Some(rc) => format!("{who} failed: its commands exited with rc {rc}"),
+        }
+    }
+
+    /// `(step, "ok 1.2s" | "FAIL rc=N 1.2s")` for each finished step.
+    pub fn steps(&self) -> Vec<(String, String)> {
+        self.transcript
+            .iter()
+            .filter_map(|l| l.strip_prefix(script::STEP_END))
+            .filter_map(|rest| rest.split_once(' '))
+            .map(|(name, how)| (name.to_owned(), how.to_owned()))
+            .collect()
+    }
+
+    /// Figures printed by the benchmarks, per step: perftest's result rows (with their
+    /// header) and ibv_rc_pingpong's throughput / latency lines, as the client reported them.
+    pub fn figures(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        let mut step = String::new();
+        let mut header: Option<String> = None;
+        let mut server_part = false;
+        for line in &self.transcript {
+            if let Some(name) = line.strip_prefix(script::STEP_BEGIN) {
+                step = name.to_owned();
+                header = None;
+                server_part = false;
+                continue;
+            }
+            // A pair prints the client's output, then the server's: keep the client's figures.
+            if line.starts_with(script::SERVER_OUTPUT) {
+                server_part = true;
+            }
+            if server_part {
+                continue;
+            }
+            let t = line.trim();
+            if t.starts_with("#bytes") {
+                header = Some(t.split_whitespace().collect::<Vec<_>>().join(" "));
+                continue;
+            }
+            let figure = if t.contains("usec/iter") || t.contains("Mbit/sec") {
+                Some(t.to_owned())
+            } else if let Some(h) = &header {
+                t.starts_with(|c: char| c.is_ascii_digit()).then(|| {
+                    format!(
+                        "{h} | {}",
+                        t.split_whitespace().collect::<Vec<_>>().join(" ")
+                    )
+                })
+            } else {
+                None
+            };
+            if let Some(f) = figure {
+                let entry = (step.clone(), f);
+                if !out.contains(&entry) {
+                    out.push(entry);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A running QEMU; dropping it kills and reaps its process group.
+struct Running {
+    spec: GuestSpec,
+    child: Child,
+    started: Instant,
+    ready: Arc<Mutex<Option<Instant>>>,
+    transcript: Arc<Mutex<Vec<String>>>,
+    readers: Vec<JoinHandle<()>>,
+    status: Option<ExitStatus>,
+    killed: Option<String>,
+}
+
+impl Running {
+    fn kill(&mut self, why: String) {
+        sys::kill_group(self.child.id());
+        let _ = self.child.kill();
+        self.status = self.child.wait().ok();
+        self.killed = Some(why);
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.status.is_none() {
+            sys::kill_group(self.child.id());
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn command(f: &Fetched, initrd: &Path, spec: &GuestSpec) -> Command {
+    let mut append = String::from("console=ttyS0 quiet panic=-1 rdinit=/init");
+    for (k, v) in &spec.params {
+        append.push_str(&format!(" tb.{k}={v}"));
+    }
+    let mut cmd = Command::new(f.qemu());
+    cmd.env("LD_LIBRARY_PATH", f.lib_path())
+        .arg("-L")
+        .arg(f.root.join("usr/share/qemu"))
+        .args([
+            "-accel",
+            "tcg,thread=multi",
+            "-cpu",
+            "max",
+            "-m",
+            "512M",
+            "-smp",
+            "2",
+        ])
+        .args(["-nodefaults", "-no-user-config", "-display", "none"])
+        .args(["-serial", "stdio", "-no-reboot"])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
+        .arg("-kernel")
+        .arg(&f.kernel)
+        .arg("-initrd")
+        .arg(initrd)
+        .arg("-append")
+        .arg(append);
+    if let Some(dir) = &spec.share {
+        let path = dir.display().to_string().replace(',', ",,");
+        cmd.arg("-virtfs").arg(format!(
+            "local,path={path},mount_tag=host0,security_model=none,readonly=on"
+        ));
+    }
+    if let Some(w) = &spec.wire {
+        cmd.arg("-netdev").arg(format!(
+            "socket,id=n0,udp=127.0.0.1:{},localaddr=127.0.0.1:{}",
+            w.remote_port, w.local_port
+        ));
+        cmd.arg("-device")
+            .arg(format!("virtio-net-pci,netdev=n0,mac={}", w.mac));
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    sys::own_group_dying_with_parent(&mut cmd);
+    cmd
+}
+
+fn reader(
+    stream: impl Read + Send + 'static,
+    prefix: String,
+    log: Arc<Log>,
+    transcript: Arc<Mutex<Vec<String>>>,
+    ready: Option<(Arc<Mutex<Option<Instant>>>, Instant)>,
+) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(stream);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match r.read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            let line = String::from_utf8_lossy(&buf);
+            let line = line.trim_end_matches(['\n', '\r']).replace('\r', "");
+            {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{prefix}{line}");
+                let _ = out.flush();
+            }
+            log.line(&format!("{prefix}{line}"));
+            if let Some((ready, _)) = &ready {
+                if line.starts_with(script::READY) {
+                    if let Ok(mut r) = ready.lock() {
+                        r.get_or_insert_with(Instant::now);
+                    }
+                }
+            }
+            if let Ok(mut t) = transcript.lock() {
+                t.push(line);
+            }
+        }
+    })
+}
+
+/// Boots the guests together and waits for all of them (or their deadlines).
+pub fn run(
+    f: &Fetched,
+    initrd: &Path,
+    specs: Vec<GuestSpec>,
+    log: &Arc<Log>,
+) -> Result<Vec<Outcome>, String> {
+    let mut running: Vec<Running> = Vec::new();
+    for spec in specs {
+        let mut cmd = command(f, initrd, &spec);
+        log.line(&format!("testbed: $ {cmd:?}"));
+        // Spawned from this (the calling) thread: the parent-death signal is tied to it.
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", f.qemu().display()))?;
+        let started = Instant::now();
+        let prefix = if spec.label.is_empty() {
+            String::new()
+        } else {
+            format!("[{}] ", spec.label)
+        };
+        let transcript = Arc::new(Mutex::new(Vec::new()));
+        let ready = Arc::new(Mutex::new(None));
+        let mut readers = Vec::new();
+        if let Some(out) = child.stdout.take() {
+            readers.push(reader(
+                out,
+                prefix.clone(),
+                Arc::clone(log),
+                Arc::clone(&transcript),
+                Some((Arc::clone(&ready), started)),
+            ));
+        }
+        if let Some(err) = child.stderr.take() {
+            readers.push(reader(
+                err,
+                format!("{prefix}qemu: "),
+                Arc::clone(log),
+                Arc::new(Mutex::new(Vec::new())),
+                None,
+            ));
+        }
+        running.push(Running {
+            spec,
+            child,
+            started,
+            ready,
+            transcript,
+            readers,
+            status: None,
+            killed: None,
+        });
+    }
+
+    loop {
+        let mut pending = 0;
+        for r in running.iter_mut().filter(|r| r.status.is_none()) {
+            match r.child.try_wait() {
+                Ok(Some(status)) => r.status = Some(status),
+                Ok(None) => {
+                    let elapsed = r.started.elapsed();
+                    let ready = r.ready.lock().map(|g| g.is_some()).unwrap_or(false);
+                    if elapsed > r.spec.deadline {
+                        r.kill(format!(
+                            "hard deadline of {}s reached",
+                            r.spec.deadline.as_secs()
+                        ));
+                    } else if !ready && elapsed > BOOT_TIMEOUT {
+                        r.kill(format!(
+                            "no ready rxe0 within {}s of boot",
+                            BOOT_TIMEOUT.as_secs()
+                        ));
+                    } else {
+                        pending += 1;
+                    }
+                }
+                Err(e) => r.kill(format!("waiting for QEMU failed: {e}")),
+            }
+        }
+        if pending == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let mut outcomes = Vec::new();
+    for mut r in running {
+        let elapsed = r.started.elapsed();
+        for h in r.readers.drain(..) {
+            let _ = h.join();
+        }
+        let transcript = r.transcript.lock().map(|t| t.clone()).unwrap_or_default();
+        let rc = transcript
+            .iter()
+            .rev()
+            .find_map(|l| l.strip_prefix(script::RESULT))
+            .and_then(|v| v.trim().parse().ok());
+        let ready_after = r
+            .ready
+            .lock()
+            .ok()
+            .and_then(|g| g.map(|t| t.duration_since(r.started)));
+        outcomes.push(Outcome {
+            label: r.spec.label.clone(),
+            rc,
+            status: r.status,
+            killed: r.killed.take(),
+            transcript,
+            ready_after,
+            elapsed,
+        });
+    }
+    Ok(outcomes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamp_is_well_formed() {
+        let t = timestamp();
+        assert_eq!(t.len(), 15);
+        assert_eq!(&t[8..9], "-");
+        assert!(t.starts_with("20"));
+    }
+
+    #[test]
+    fn figures_and_steps_are_extracted() {
+        let lines = [
+            "=== TESTBED-STEP-BEGIN ib_send_bw",
+            " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]",
+            " 65536      1000             0.22               0.21   \t\t   0.000400",
+            "=== TESTBED-STEP-END ib_send_bw ok 3.1s",
+            "=== TESTBED-STEP-BEGIN ibv_rc_pingpong",
+            "1000 iters in 0.31 seconds = 311.00 usec/iter",
+            "=== TESTBED-STEP-END ibv_rc_pingpong FAIL rc=1 0.9s",
+        ];
+        let o = Outcome {
+            label: String::new(),
+            rc: Some(0),
+            status: None,
+            killed: None,
+            transcript: lines.iter().map(|s| s.to_string()).collect(),
+            ready_after: None,
+            elapsed: Duration::ZERO,
+        };
+        let f = o.figures();
+        assert_eq!(f.len(), 2);
+        assert_eq!(f[0].0, "ib_send_bw");
+        assert!(f[0].1.ends_with("| 65536 1000 0.22 0.21 0.000400"));
+        assert_eq!(
+            o.steps()[1],
+            ("ibv_rc_pingpong".into(), "FAIL rc=1 0.9s".into())
+        );
+        assert!(!o.ok(), "no QEMU status: never ok");
+    }
+}

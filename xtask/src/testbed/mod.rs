@@ -1,0 +1,547 @@
+//! The soft-RoCE test bed: a QEMU (TCG) guest running Debian 12's kernel with `rdma_rxe`, in
+//! which the verbs tests run against a real verbs device (`rxe0`). The host needs no RDMA.
+//!
+//! ```text
+//! cargo xtask testbed help
+//! cargo xtask testbed fetch       download + unpack the packages, build the initramfs (cached)
+//! cargo xtask testbed smoke       boot, run the smoke suite (ibv_devices, ibv_devinfo,
+//!                                 ibv_rc_pingpong, ib_send_bw, ib_write_bw, ib_send_lat,
+//!                                 ib_send_bw -R over rdma_cm, rping)
+//! cargo xtask testbed verbs       build transport-verbs' test binaries, boot, smoke suite, then
+//!                                 each test binary with TRANSPORT_VERBS_REQUIRE_DEVICE=1
+//! cargo xtask testbed run [--timeout S] [--deadline S] [--file PATH]... -- 'CMD' ['CMD'...]
+//!                                 boot and run each shell command line in the guest (files
+//!                                 given with --file appear as /mnt/host/bin/NAME)
+//! cargo xtask testbed two-hosts [--timeout S] [--file PATH]... [--server 'CMD'] [--client 'CMD']
+//!                                 two guests on a virtual wire; the server command runs in A,
+//!                                 the client in B ($TB_PEER is the other guest's address);
+//!                                 default: ib_send_bw between them
+//! ```
+//!
+//! In the guest every command sees `TB_DEV=rxe0`, `TB_GID_INDEX` (the IPv4 RoCE v2 GID, looked
+//! up), `TB_IP_ADDR`, `TB_PEER` (two-hosts), memlock unlimited, `/mnt/host` (the share).
+//!
+//! Cache: `$TESTBED_CACHE`, default `.testbed-cache/` at the repository root: `debs/`, `root/`
+//! (unpacked), `vmlinux`, `initramfs.cpio` (+ `.stamp`), `logs/<command>-<time>.log`, `runs/`
+//! (per-run shares, removed after the run).
+//!
+//! Time bounds: each step/command runs under `timeout -s KILL` in the guest (default 120 s,
+//! `--timeout`); the guest's whole script under the sum plus a margin; the host kills QEMU's
+//! process group when the guest is not ready within [`guest::BOOT_TIMEOUT`] or past the hard
+//! deadline (script bound + boot allowance, `--deadline`). A result counts only when the guest
+//! printed `TESTBED-RESULT rc=0` and QEMU exited through isa-debug-exit with that status.
+//! See `docs/testbed.md`.
+
+mod fetch;
+mod guest;
+mod initramfs;
+mod script;
+mod sys;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use guest::{GuestSpec, Log, Outcome, Wire};
+use script::RunScript;
+
+/// Per-step timeout in the guest unless `--timeout` says otherwise.
+const STEP_TIMEOUT: u32 = 120;
+/// Per smoke pair (TCG: the 64 KiB × 1000 bandwidth runs take a few seconds).
+const SMOKE_TIMEOUT: u32 = 90;
+/// Per verbs test binary.
+const TEST_TIMEOUT: u32 = 300;
+/// Number of smoke steps ([`script::smoke`]).
+const SMOKE_STEPS: u32 = 8;
+/// Host allowance on top of the guest script's bound: boot, module loading, shutdown.
+const HOST_MARGIN: Duration = Duration::from_secs(120);
+
+/// The cache directory: `$TESTBED_CACHE` or `<repo>/.testbed-cache`.
+fn cache_dir() -> PathBuf {
+    match std::env::var_os("TESTBED_CACHE") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => repo_root().join(".testbed-cache"),
+    }
+}
+
+fn repo_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// The fetched packages and the built initramfs.
+struct Bed {
+    cache: PathBuf,
+    fetched: fetch::Fetched,
+    initramfs: initramfs::Initramfs,
+}
+
+impl Bed {
+    fn prepare() -> Result<Bed, String> {
+        let cache = cache_dir();
+        let started = Instant::now();
+        let fetched = fetch::ensure(&cache)?;
+        let initramfs = initramfs::ensure(&fetched, &cache)?;
+        eprintln!(
+            "testbed: cache {} ready in {:.1}s (kernel {})",
+            cache.display(),
+            started.elapsed().as_secs_f64(),
+            fetched.kver
+        );
+        Ok(Bed {
+            cache,
+            fetched,
+            initramfs,
+        })
+    }
+
+    /// A fresh share directory (`runs/<time>-<pid>`) with `bin/` and `lib/`.
+    fn new_share(&self) -> Result<Share, String> {
+        let dir =
+            self.cache
+                .join("runs")
+                .join(format!("{}-{}", guest::timestamp(), std::process::id()));
+        for d in ["bin", "lib"] {
+            fs::create_dir_all(dir.join(d)).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        Ok(Share { dir })
+    }
+
+    /// Copies `file` into the share's `bin/` (and the libraries it needs that the initramfs
+    /// lacks into `lib/`); returns its guest path.
+    fn stage(&self, share: &Share, file: &Path) -> Result<String, String> {
+        let name = file
+            .file_name()
+            .ok_or_else(|| format!("not a file: {}", file.display()))?
+            .to_string_lossy()
+            .into_owned();
+        let dest = share.dir.join("bin").join(&name);
+        if fs::hard_link(file, &dest).is_err() {
+            fs::copy(file, &dest).map_err(|e| format!("{}: {e}", file.display()))?;
+        }
+        for (soname, src) in initramfs::shared_libs(&self.fetched, file)? {
+            if !self.initramfs.libs.contains(&soname) {
+                fs::copy(&src, share.dir.join("lib").join(&soname))
+                    .map_err(|e| format!("{}: {e}", src.display()))?;
+            }
+        }
+        Ok(format!("/mnt/host/bin/{name}"))
+    }
+
+    fn boot(&self, specs: Vec<GuestSpec>, log: &Arc<Log>) -> Result<Vec<Outcome>, String> {
+        guest::run(&self.fetched, &self.initramfs.path, specs, log)
+    }
+}
+
+/// A per-run share; removed on drop.
+struct Share {
+    dir: PathBuf,
+}
+
+impl Share {
+    fn write(&self, name: &str, text: &str) -> Result<(), String> {
+        fs::write(self.dir.join(name), text).map_err(|e| format!("{name}: {e}"))
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn single_guest(share: &Share, script_secs: u32, deadline: Option<Duration>) -> GuestSpec {
+    GuestSpec {
+        label: String::new(),
+        params: vec![
+            ("if".into(), "dummy0".into()),
+            ("ip".into(), "10.77.0.1/24".into()),
+            ("timeout".into(), script_secs.to_string()),
+            ("script".into(), "run.sh".into()),
+            ("share".into(), "1".into()),
+        ],
+        share: Some(share.dir.clone()),
+        wire: None,
+        deadline: deadline
+            .unwrap_or_else(|| Duration::from_secs(u64::from(script_secs)) + HOST_MARGIN),
+    }
+}
+
+/// Prints and logs the step table and the benchmark figures; Err unless every guest passed.
+fn report(outcomes: &[Outcome], log: &Arc<Log>, started: Instant) -> Result<(), String> {
+    let mut lines = vec![String::new(), "testbed: summary".to_owned()];
+    for o in outcomes {
+        let who = if o.label.is_empty() {
+            String::new()
+        } else {
+            format!("[{}] ", o.label)
+        };
+        if let Some(r) = o.ready_after {
+            lines.push(format!(
+                "  {who}rxe0 ready {:.1}s after QEMU start",
+                r.as_secs_f64()
+            ));
+        }
+        for (step, how) in o.steps() {
+            lines.push(format!("  {who}{step:<24} {how}"));
+        }
+        for (step, fig) in o.figures() {
+            lines.push(format!("  {who}figure {step}: {fig}"));
+        }
+        lines.push(format!("  {}", o.describe()));
+    }
+    lines.push(format!(
+        "  wall time {:.1}s; log {}",
+        started.elapsed().as_secs_f64(),
+        log.path().display()
+    ));
+    for l in &lines {
+        println!("{l}");
+        log.line(l);
+    }
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter(|o| !o.ok())
+        .map(Outcome::describe)
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} (log: {})",
+            failed.join("; "),
+            log.path().display()
+        ))
+    }
+}
+
+/// `cargo xtask testbed ARGS`.
+pub fn main(args: &[String]) -> Result<(), String> {
+    let (cmd, rest) = match args.split_first() {
+        Some((c, r)) => (c.as_str(), r),
+        None => ("help", &[][..]),
+    };
+    match cmd {
+        "help" | "-h" | "--help" => {
+            println!("{}", help());
+            Ok(())
+        }
+        "fetch" => Bed::prepare().map(|bed| {
+            println!(
+                "testbed: ready: kernel {} ({}), initramfs {}, cache {}",
+                bed.fetched.kver,
+                bed.fetched.kernel.display(),
+                bed.initramfs.path.display(),
+                bed.cache.display()
+            );
+        }),
+        "smoke" => smoke(),
+        "verbs" => run_verbs_suite(),
+        "run" => run(rest),
+        "two-hosts" => two_hosts(rest),
+        other => Err(format!("unknown testbed command `{other}`\n{}", help())),
+    }
+}
+
+fn help() -> &'static str {
+    "cargo xtask testbed <command>   (soft-RoCE QEMU guest; see docs/testbed.md)
+
+  fetch       download and unpack the guest kernel, QEMU and rdma-core (.debs), build the
+              initramfs; a no-op when the cache ($TESTBED_CACHE or .testbed-cache/) is complete
+  smoke       boot the guest and run the smoke suite (device listing, ibv_rc_pingpong,
+              ib_send_bw, ib_write_bw, ib_send_lat, ib_send_bw -R (rdma_cm), rping)
+  verbs       build transport-verbs' test binaries, boot, run the smoke suite and each test
+              binary with TRANSPORT_VERBS_REQUIRE_DEVICE=1; fails unless all of it ran and passed
+  run [--timeout S] [--deadline S] [--file PATH]... -- 'CMD' ['CMD'...]
+              boot and run each shell command line in the guest, each under `timeout S`
+              (default 120); --file copies a host file to /mnt/host/bin/NAME; --deadline is the
+              host's hard limit for the whole guest
+  two-hosts [--timeout S] [--file PATH]... [--server 'CMD'] [--client 'CMD']
+              two guests joined by a UDP wire: the server command runs in guest A, the client in
+              guest B (use $TB_PEER for A's address); default: ib_send_bw from B to A
+
+  in the guest: $TB_DEV (rxe0), $TB_GID_INDEX (IPv4 RoCE v2 GID, looked up), $TB_IP_ADDR,
+  $TB_PEER; memlock unlimited; logs in <cache>/logs/"
+}
+
+fn smoke() -> Result<(), String> {
+    let started = Instant::now();
+    let bed = Bed::prepare()?;
+    let share = bed.new_share()?;
+    let mut s = RunScript::default();
+    script::smoke(&mut s, SMOKE_TIMEOUT);
+    share.write("run.sh", &s.finish())?;
+    let log = Log::create(&bed.cache.join("logs"), "smoke")?;
+    let secs = SMOKE_TIMEOUT * SMOKE_STEPS + 30;
+    let outcomes = bed.boot(vec![single_guest(&share, secs, None)], &log)?;
+    report(&outcomes, &log, started)
+}
+
+struct RunOpts {
+    timeout: u32,
+    deadline: Option<Duration>,
+    files: Vec<PathBuf>,
+    commands: Vec<String>,
+    server: Option<String>,
+    client: Option<String>,
+}
+
+fn parse_opts(args: &[String], two_hosts: bool) -> Result<RunOpts, String> {
+    let mut o = RunOpts {
+        timeout: STEP_TIMEOUT,
+        deadline: None,
+        files: Vec::new(),
+        commands: Vec::new(),
+        server: None,
+        client: None,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match a.as_str() {
+            "--timeout" => {
+                o.timeout = value("--timeout")?
+                    .parse()
+                    .map_err(|e| format!("--timeout: {e}"))?;
+            }
+            "--deadline" => {
+                let s: u64 = value("--deadline")?
+                    .parse()
+                    .map_err(|e| format!("--deadline: {e}"))?;
+                o.deadline = Some(Duration::from_secs(s));
+            }
+            "--file" => o.files.push(PathBuf::from(value("--file")?)),
+            "--server" if two_hosts => o.server = Some(value("--server")?),
+            "--client" if two_hosts => o.client = Some(value("--client")?),
+            "--" if !two_hosts => {
+                o.commands.extend(it.by_ref().cloned());
+            }
+            other => return Err(format!("unexpected argument `{other}`\n{}", help())),
+        }
+    }
+    Ok(o)
+}
+
+fn run(args: &[String]) -> Result<(), String> {
+    let started = Instant::now();
+    let o = parse_opts(args, false)?;
+    if o.commands.is_empty() {
+        return Err("nothing to run: `cargo xtask testbed run -- 'CMD' ...`".into());
+    }
+    let bed = Bed::prepare()?;
+    let share = bed.new_share()?;
+    for f in &o.files {
+        let guest_path = bed.stage(&share, f)?;
+        eprintln!("testbed: {} -> {guest_path}", f.display());
+    }
+    let mut s = RunScript::default();
+    for (i, c) in o.commands.iter().enumerate() {
+        s.step(&format!("cmd{}", i + 1), o.timeout, c);
+    }
+    share.write("run.sh", &s.finish())?;
+    let log = Log::create(&bed.cache.join("logs"), "run")?;
+    let n = u32::try_from(o.commands.len()).unwrap_or(u32::MAX);
+    let secs = o.timeout.saturating_mul(n).saturating_add(30);
+    let outcomes = bed.boot(vec![single_guest(&share, secs, o.deadline)], &log)?;
+    report(&outcomes, &log, started)
+}
+
+/// A free UDP port on 127.0.0.1 (bound, read, released: QEMU binds it right after).
+fn free_udp_port() -> Result<u16, String> {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free UDP port: {e}"))
+}
+
+fn two_hosts(args: &[String]) -> Result<(), String> {
+    let started = Instant::now();
+    let o = parse_opts(args, true)?;
+    let bed = Bed::prepare()?;
+    let share = bed.new_share()?;
+    for f in &o.files {
+        let guest_path = bed.stage(&share, f)?;
+        eprintln!("testbed: {} -> {guest_path}", f.display());
+    }
+    const BW: &str = "ib_send_bw -d rxe0 -i 1 -x $TB_GID_INDEX -F -n 1000 -s 65536 --report_gbits";
+    let server = o.server.clone().unwrap_or_else(|| BW.to_owned());
+    let client = o.client.clone().unwrap_or_else(|| format!("{BW} $TB_PEER"));
+    let mut a = RunScript::default();
+    a.step("server", o.timeout, &server);
+    share.write("a.sh", &a.finish())?;
+    let mut b = RunScript::default();
+    b.remote_client("client", o.timeout, &client);
+    share.write("b.sh", &b.finish())?;
+
+    let (pa, pb) = (free_udp_port()?, free_udp_port()?);
+    let secs = o.timeout.saturating_add(60);
+    let deadline = o
+        .deadline
+        .unwrap_or_else(|| Duration::from_secs(u64::from(secs)) + HOST_MARGIN);
+    let spec = |label: &str, me: u8, peer: u8, local: u16, remote: u16, script: &str| GuestSpec {
+        label: label.into(),
+        params: vec![
+            ("if".into(), "eth0".into()),
+            ("ip".into(), format!("10.77.0.{me}/24")),
+            ("peer".into(), format!("10.77.0.{peer}")),
+            ("timeout".into(), secs.to_string()),
+            ("script".into(), script.into()),
+            ("share".into(), "1".into()),
+        ],
+        share: Some(share.dir.clone()),
+        wire: Some(Wire {
+            local_port: local,
+            remote_port: remote,
+            mac: format!("52:54:00:77:00:{me:02x}"),
+        }),
+        deadline,
+    };
+    let log = Log::create(&bed.cache.join("logs"), "two-hosts")?;
+    let outcomes = bed.boot(
+        vec![
+            spec("A", 1, 2, pa, pb, "a.sh"),
+            spec("B", 2, 1, pb, pa, "b.sh"),
+        ],
+        &log,
+    )?;
+    report(&outcomes, &log, started)
+}
+
+/// The verbs test executables of `cargo test -p transport-verbs --no-run`.
+fn build_verbs_tests() -> Result<Vec<PathBuf>, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    eprintln!("testbed: $ cargo test -p transport-verbs --no-run --message-format=json");
+    let out = Command::new(cargo)
+        .args([
+            "test",
+            "-p",
+            "transport-verbs",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(repo_root())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "building the transport-verbs tests failed ({})",
+            out.status
+        ));
+    }
+    let mut exes = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if v["reason"] == "compiler-artifact" && v["profile"]["test"] == true {
+            if let Some(exe) = v["executable"].as_str() {
+                exes.push(PathBuf::from(exe));
+            }
+        }
+    }
+    exes.sort();
+    exes.dedup();
+    if exes.is_empty() {
+        return Err("cargo reported no transport-verbs test executable".into());
+    }
+    Ok(exes)
+}
+
+/// Runs the verbs test suite in the guest. Fails (never skips) when the bed cannot run.
+///
+/// Builds transport-verbs' test binaries on the host, boots the guest, runs the smoke suite and
+/// then every test binary with `TRANSPORT_VERBS_REQUIRE_DEVICE=1`. Ok only when the guest
+/// reported success, every step passed, each binary printed libtest's `test result: ok.` and at
+/// least one test passed, and the device test reported opening the device.
+pub fn run_verbs_suite() -> Result<(), String> {
+    let started = Instant::now();
+    crate::deps::ensure_build_deps()?;
+    let exes = build_verbs_tests()?;
+    let bed = Bed::prepare()?;
+    let share = bed.new_share()?;
+    let mut s = RunScript::default();
+    script::smoke(&mut s, SMOKE_TIMEOUT);
+    let mut names = Vec::new();
+    for exe in &exes {
+        let guest_path = bed.stage(&share, exe)?;
+        let name = format!(
+            "test:{}",
+            exe.file_name().unwrap_or_default().to_string_lossy()
+        );
+        s.step(
+            &name,
+            TEST_TIMEOUT,
+            &format!(
+                "TRANSPORT_VERBS_REQUIRE_DEVICE=1 RUST_BACKTRACE=1 {guest_path} --test-threads=1 --nocapture"
+            ),
+        );
+        names.push(name);
+    }
+    share.write("run.sh", &s.finish())?;
+    let log = Log::create(&bed.cache.join("logs"), "verbs")?;
+    let n = u32::try_from(exes.len()).unwrap_or(u32::MAX);
+    let secs = SMOKE_TIMEOUT * SMOKE_STEPS + TEST_TIMEOUT.saturating_mul(n) + 30;
+    let outcomes = bed.boot(vec![single_guest(&share, secs, None)], &log)?;
+    report(&outcomes, &log, started)?;
+    check_tests_ran(&outcomes[0], &names, &log)
+}
+
+/// The guest passing is not enough: each test binary must have run and passed tests.
+fn check_tests_ran(o: &Outcome, names: &[String], log: &Arc<Log>) -> Result<(), String> {
+    let steps = o.steps();
+    let mut passed_total = 0u64;
+    let mut current: Option<&str> = None;
+    let mut results: Vec<(String, u64)> = Vec::new();
+    for line in &o.transcript {
+        if let Some(name) = line.strip_prefix(script::STEP_BEGIN) {
+            current = names.iter().find(|n| *n == name).map(String::as_str);
+        } else if let (Some(step), Some(rest)) = (current, line.strip_prefix("test result: ok. ")) {
+            let n: u64 = rest
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            passed_total += n;
+            results.push((step.to_owned(), n));
+        }
+    }
+    for name in names {
+        let ok = steps
+            .iter()
+            .any(|(s, how)| s == name && how.starts_with("ok"));
+        let reported = results.iter().any(|(s, _)| s == name);
+        if !ok || !reported {
+            return Err(format!(
+                "{name} did not run to a passing `test result` in the guest (log: {})",
+                log.path().display()
+            ));
+        }
+    }
+    if passed_total == 0 {
+        return Err("the verbs test binaries ran but no test passed".into());
+    }
+    if !o
+        .transcript
+        .iter()
+        .any(|l| l.starts_with("transport-verbs device test: opened "))
+    {
+        return Err(format!(
+            "the device test did not report opening the rxe device (log: {})",
+            log.path().display()
+        ));
+    }
+    let line = format!(
+        "testbed: verbs suite passed: {passed_total} tests in {} binaries against rxe0",
+        names.len()
+    );
+    println!("{line}");
+    log.line(&line);
+    Ok(())
+}
