@@ -478,9 +478,7 @@ pub fn run_verbs_suite() -> Result<(), String> {
         s.step(
             &name,
             TEST_TIMEOUT,
-            &format!(
-                "TRANSPORT_VERBS_REQUIRE_DEVICE=1 RUST_BACKTRACE=1 {guest_path} --test-threads=1 --nocapture"
-            ),
+            &format!("TRANSPORT_VERBS_REQUIRE_DEVICE=1 {guest_path} --test-threads=1 --nocapture"),
         );
         names.push(name);
     }

@@ -121,6 +121,13 @@ tb_exit 94
 fn exec_if_simple(cmdline: &str) -> String {
     if cmdline.contains(|c: char| ";&|<>()`\n".contains(c)) {
         cmdline.to_owned()
+    } else if cmdline
+        .split_whitespace()
+        .next()
+        .is_some_and(|w| w.contains('='))
+    {
+        // `exec VAR=1 prog` is not portable sh; `exec env VAR=1 prog` is.
+        format!("exec env {cmdline}")
     } else {
         format!("exec {cmdline}")
     }
@@ -345,6 +352,7 @@ mod tests {
         let text = s.finish();
         assert!(text.contains("timeout -s KILL 5 sh -c 'exec true'"));
         assert_eq!(exec_if_simple("a && b"), "a && b");
+        assert_eq!(exec_if_simple("X=1 prog"), "exec env X=1 prog");
         assert!(text.trim_end().ends_with("[ \"$tb_fail\" -eq 0 ]"));
     }
 }
