@@ -99,6 +99,19 @@ impl Bed {
 
     /// A fresh share directory (`runs/<time>-<pid>`) with `bin/` and `lib/`.
     fn new_share(&self) -> Result<Share, String> {
+        // Shares of runs whose process is gone (killed before its cleanup) are removed.
+        if let Ok(entries) = fs::read_dir(self.cache.join("runs")) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let alive = name
+                    .rsplit('-')
+                    .next()
+                    .is_some_and(|pid| Path::new("/proc").join(pid).exists());
+                if !alive {
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            }
+        }
         let dir =
             self.cache
                 .join("runs")
