@@ -1,1 +1,3 @@
+//! The `bench` comparison tool (being built).
+
 fn main() {}

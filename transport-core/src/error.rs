@@ -14,7 +14,9 @@ pub enum TransportError {
     #[error("connection closed by peer")]
     Closed,
     /// The peer went away in the middle of a message: the bytes received so far are discarded.
-    #[error("connection lost in the middle of a message ({received} of {expected} bytes received)")]
+    #[error(
+        "connection lost in the middle of a message ({received} of {expected} bytes received)"
+    )]
     Truncated {
         /// Bytes of the frame received before the connection ended.
         received: u64,

@@ -129,7 +129,9 @@ impl Decoder for FrameDecoder {
         }
         let header_len = src[3] as usize;
         if header_len > MAX_HEADER_LEN {
-            return Err(TransportError::Malformed("header length above MAX_HEADER_LEN"));
+            return Err(TransportError::Malformed(
+                "header length above MAX_HEADER_LEN",
+            ));
         }
         let payload_len = u32::from_le_bytes([src[4], src[5], src[6], src[7]]) as usize;
         let msg_len = header_len + payload_len;
@@ -286,7 +288,11 @@ mod tests {
         assert!(check_send_size(&m, 16).is_ok());
         assert!(matches!(
             check_send_size(&m, 15),
-            Err(TransportError::MessageTooLarge { len: 16, max: 15, .. })
+            Err(TransportError::MessageTooLarge {
+                len: 16,
+                max: 15,
+                ..
+            })
         ));
     }
 }

@@ -173,7 +173,9 @@ impl Sub for MetricsSnapshot {
     fn sub(self, earlier: MetricsSnapshot) -> MetricsSnapshot {
         MetricsSnapshot {
             messages_sent: self.messages_sent.saturating_sub(earlier.messages_sent),
-            messages_received: self.messages_received.saturating_sub(earlier.messages_received),
+            messages_received: self
+                .messages_received
+                .saturating_sub(earlier.messages_received),
             bytes_sent: self.bytes_sent.saturating_sub(earlier.bytes_sent),
             bytes_received: self.bytes_received.saturating_sub(earlier.bytes_received),
             payload_bytes_copied: self
@@ -185,7 +187,9 @@ impl Sub for MetricsSnapshot {
             completions: self.completions.saturating_sub(earlier.completions),
             credit_stalls: self.credit_stalls.saturating_sub(earlier.credit_stalls),
             in_flight_max: self.in_flight_max,
-            in_flight_samples: self.in_flight_samples.saturating_sub(earlier.in_flight_samples),
+            in_flight_samples: self
+                .in_flight_samples
+                .saturating_sub(earlier.in_flight_samples),
             in_flight_sum: self.in_flight_sum.saturating_sub(earlier.in_flight_sum),
         }
     }

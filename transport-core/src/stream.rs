@@ -363,9 +363,12 @@ mod tests {
             let second = rx.recv().await.unwrap().unwrap();
             (first, second)
         });
-        tx.send(Message::new(HeaderBytes::from(*b"next"), Bytes::from_static(b"x")))
-            .await
-            .unwrap();
+        tx.send(Message::new(
+            HeaderBytes::from(*b"next"),
+            Bytes::from_static(b"x"),
+        ))
+        .await
+        .unwrap();
         let (first, second) = reader.await.unwrap();
         assert_eq!(first.header.as_slice(), b"big");
         assert_eq!(first.payload, big);
@@ -379,7 +382,14 @@ mod tests {
             .send(Message::new(HeaderBytes::EMPTY, Bytes::from(vec![0; 11])))
             .await
             .unwrap_err();
-        assert!(matches!(e, TransportError::MessageTooLarge { len: 11, max: 10, .. }));
+        assert!(matches!(
+            e,
+            TransportError::MessageTooLarge {
+                len: 11,
+                max: 10,
+                ..
+            }
+        ));
         assert_eq!(tx.metrics().bytes_sent.get(), 0);
     }
 
@@ -399,9 +409,14 @@ mod tests {
         wire.extend_from_slice(&[0u8; 10]);
         raw.write_all(&wire).await.unwrap();
         let e = rx.recv().await.unwrap_err();
-        assert!(matches!(e, TransportError::MessageTooLarge { ref header, .. } if header.as_slice() == b"abc"));
+        assert!(
+            matches!(e, TransportError::MessageTooLarge { ref header, .. } if header.as_slice() == b"abc")
+        );
         assert!(!e.is_fatal());
-        assert!(rx.buffer_capacity() <= 8192, "no allocation for the claimed length");
+        assert!(
+            rx.buffer_capacity() <= 8192,
+            "no allocation for the claimed length"
+        );
         drop(raw);
         assert!(matches!(
             rx.recv().await,
@@ -432,7 +447,9 @@ mod tests {
     async fn garbage_is_malformed() {
         let (mut raw, b) = tokio::io::duplex(1 << 16);
         let mut rx = StreamReceiver::new(b, Arc::new(Metrics::default()), &StreamConfig::default());
-        raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
         assert!(matches!(rx.recv().await, Err(TransportError::Malformed(_))));
     }
 
@@ -441,7 +458,7 @@ mod tests {
         let (mut raw, b) = tokio::io::duplex(1 << 16);
         let mut rx = StreamReceiver::new(b, Arc::new(Metrics::default()), &StreamConfig::default());
         let mut wire = encode_prefix(1, 5).to_vec();
-        wire.extend_from_slice(b"h1234");
+        wire.extend_from_slice(b"h12345");
         raw.write_all(&wire[..6]).await.unwrap();
         // The partial frame is read, then the recv future is dropped.
         let r = tokio::time::timeout(std::time::Duration::from_millis(50), rx.recv()).await;
@@ -449,6 +466,6 @@ mod tests {
         raw.write_all(&wire[6..]).await.unwrap();
         let m = rx.recv().await.unwrap().unwrap();
         assert_eq!(m.header.as_slice(), b"h");
-        assert_eq!(&m.payload[..], b"1234");
+        assert_eq!(&m.payload[..], b"12345");
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 /// compiles to direct calls: no boxing, no dynamic dispatch on the data path.
 pub trait Transport: Send + Sync + 'static {
     /// The address type (`SocketAddr`, a socket path, ...). `Display`/`FromStr` round-trip.
-    type Addr: Clone + Debug + Display + FromStr + Send + Sync + 'static;
+    type Addr: Clone + Debug + Display + FromStr<Err: Debug> + Send + Sync + 'static;
     /// The connection type.
     type Connection: Connection;
     /// The listener type.

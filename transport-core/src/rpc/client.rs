@@ -192,7 +192,8 @@ impl<S: MessageSender> RpcClient<S> {
 
     /// Calls `method` and waits for its response (with the default deadline, if configured).
     pub async fn call(&self, method: u32, payload: Bytes) -> Result<Bytes, RpcError> {
-        self.call_with(method, payload, CallOptions::default()).await
+        self.call_with(method, payload, CallOptions::default())
+            .await
     }
 
     /// Calls `method` with per-call options.
@@ -342,7 +343,10 @@ impl<S: MessageSender> Drop for PendingCall<'_, S> {
             let mut s = shared.sender.lock().await;
             // Best effort: a failure here shows up on the next call or in the reader.
             let _ = s
-                .send(Message::new(HeaderBytes::from(header.encode()), Bytes::new()))
+                .send(Message::new(
+                    HeaderBytes::from(header.encode()),
+                    Bytes::new(),
+                ))
                 .await;
         });
     }
@@ -355,7 +359,9 @@ async fn read_responses<R: MessageReceiver, S>(mut rx: R, shared: Arc<Shared<S>>
             Ok(None) => break RpcError::ConnectionClosed,
             Err(TransportError::MessageTooLarge { len, max, header }) => {
                 match RpcHeader::decode(header.as_slice()) {
-                    Ok(h) => shared.complete(h.request_id, Err(RpcError::ResponseTooLarge { len, max })),
+                    Ok(h) => {
+                        shared.complete(h.request_id, Err(RpcError::ResponseTooLarge { len, max }))
+                    }
                     Err(e) => break RpcError::from(e),
                 }
                 continue;

@@ -136,7 +136,9 @@ impl RpcError {
 impl From<TransportError> for RpcError {
     fn from(e: TransportError) -> Self {
         match e {
-            TransportError::MessageTooLarge { len, max, .. } => RpcError::RequestTooLarge { len, max },
+            TransportError::MessageTooLarge { len, max, .. } => {
+                RpcError::RequestTooLarge { len, max }
+            }
             TransportError::Closed => RpcError::ConnectionClosed,
             e => RpcError::ConnectionLost(Arc::new(e)),
         }

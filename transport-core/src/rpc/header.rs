@@ -203,19 +203,31 @@ mod tests {
     #[test]
     fn rejects_bad_input() {
         let good = RpcHeader::new(Kind::Request, 1, 2, 3).encode();
-        assert_eq!(RpcHeader::decode(&good[..23]), Err(HeaderError::Truncated(23)));
+        assert_eq!(
+            RpcHeader::decode(&good[..23]),
+            Err(HeaderError::Truncated(23))
+        );
         let mut b = good;
         b[0] = b'X';
-        assert!(matches!(RpcHeader::decode(&b), Err(HeaderError::BadMagic(_))));
+        assert!(matches!(
+            RpcHeader::decode(&b),
+            Err(HeaderError::BadMagic(_))
+        ));
         let mut b = good;
         b[2] = 2;
-        assert_eq!(RpcHeader::decode(&b), Err(HeaderError::UnsupportedVersion(2)));
+        assert_eq!(
+            RpcHeader::decode(&b),
+            Err(HeaderError::UnsupportedVersion(2))
+        );
         let mut b = good;
         b[3] = 0;
         assert_eq!(RpcHeader::decode(&b), Err(HeaderError::UnknownKind(0)));
         let mut b = good;
         b[7] = 1;
-        assert!(matches!(RpcHeader::decode(&b), Err(HeaderError::ReservedBits(_))));
+        assert!(matches!(
+            RpcHeader::decode(&b),
+            Err(HeaderError::ReservedBits(_))
+        ));
     }
 
     #[test]

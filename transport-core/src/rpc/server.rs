@@ -320,4 +320,5 @@ async fn send_reply<S: MessageSender>(
 }
 
 /// A handler's future, tagged with its request id and whether it is oneway.
-type RunningCall = Pin<Box<dyn Future<Output = (u64, bool, Result<Result<Bytes, Status>, Aborted>)> + Send>>;
+type RunningCall =
+    Pin<Box<dyn Future<Output = (u64, bool, Result<Result<Bytes, Status>, Aborted>)> + Send>>;
