@@ -53,6 +53,9 @@ fn print_help() {
     );
 }
 
+/// Time limit for each `cargo test` run of [`run_tests`] once everything is built.
+const TEST_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(20 * 60);
+
 /// The README's test command: every check CI runs, in order, failing on the first failure.
 fn run_tests(args: &[String]) -> Result<(), String> {
     let skip_verbs = args.iter().any(|a| a == "--no-verbs");
@@ -69,8 +72,18 @@ fn run_tests(args: &[String]) -> Result<(), String> {
             "warnings",
         ],
     )?;
-    util::run("cargo", &["test", "--workspace", "--all-targets"])?;
-    util::run("cargo", &["test", "--workspace", "--doc"])?;
+    // Build first (no time limit: a cold build on 2 cores takes a while), then run the tests
+    // under a limit so that a hung test fails CI with a clear message instead of stalling it.
+    util::run(
+        "cargo",
+        &["test", "--workspace", "--all-targets", "--no-run"],
+    )?;
+    util::run_with_timeout(
+        "cargo",
+        &["test", "--workspace", "--all-targets"],
+        TEST_TIME_LIMIT,
+    )?;
+    util::run_with_timeout("cargo", &["test", "--workspace", "--doc"], TEST_TIME_LIMIT)?;
     if skip_verbs {
         // Only for local iteration; CI never passes this flag (see .ci/run).
         eprintln!("xtask: --no-verbs given: the verbs suite did NOT run");

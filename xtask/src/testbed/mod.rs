@@ -36,7 +36,7 @@ mod fetch;
 mod guest;
 mod initramfs;
 mod script;
-mod sys;
+pub(crate) mod sys;
 
 use std::fs;
 use std::path::{Path, PathBuf};
