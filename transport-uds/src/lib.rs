@@ -238,3 +238,8 @@ impl Connection for UdsConnection {
         )
     }
 }
+
+/// The README's examples, compiled as doc tests so they cannot rot.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
