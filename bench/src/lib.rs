@@ -1,0 +1,3 @@
+//! The `bench` tool's library: workloads shared by the binary and its tests.
+
+pub mod scenarios;

@@ -1,0 +1,160 @@
+//! Plumbing of the middleware scenarios over a real transport (UDS). No timing assertions:
+//! only what must hold however slow the machine is.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bench::scenarios::load::{
+    method, run_load, LoadConfig, LoadError, Mode, Ping, ScenarioHandler, SendBytes, Slow, Stats,
+    Typed, TypedKind, Workload,
+};
+use bench::scenarios::typed::{elements_for, Element, Fixed, StringDouble, Structured};
+use bytes::Bytes;
+use transport_core::rpc::{code, ClientConfig, RpcClient, RpcError, RpcServer, ServerConfig};
+use transport_core::{Listener, Transport};
+use transport_uds::{UdsAddr, UdsTransport};
+
+struct Bed {
+    transport: UdsTransport,
+    addr: UdsAddr,
+    _dir: tempfile::TempDir,
+}
+
+async fn bed() -> Bed {
+    let dir = tempfile::tempdir().unwrap();
+    let transport = UdsTransport::default();
+    let addr = UdsAddr(dir.path().join("s.sock"));
+    let listener = transport.listen(&addr).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = RpcServer::new(ScenarioHandler::default(), ServerConfig::default());
+    tokio::spawn(async move { server.serve(listener).await });
+    Bed {
+        transport,
+        addr,
+        _dir: dir,
+    }
+}
+
+fn shape(clients: usize, connections: usize, in_flight: usize, ms: u64) -> LoadConfig {
+    LoadConfig {
+        clients,
+        connections,
+        max_in_flight_per_connection: in_flight,
+        duration: Duration::from_millis(ms),
+    }
+}
+
+async fn run<W: Workload>(b: &Bed, cfg: &LoadConfig, w: W) -> Stats {
+    run_load(&b.transport, &b.addr, cfg, Arc::new(w))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_typed_kind_and_mode_round_trips() {
+    let b = bed().await;
+    let cfg = shape(1, 1, 16, 100);
+    for mode in Mode::ALL {
+        for kind in TypedKind::ALL {
+            let stats = match kind {
+                TypedKind::Strings => {
+                    let n = elements_for::<String>(8192);
+                    run(&b, &cfg, Typed::<String>::new(kind, mode, n)).await
+                }
+                TypedKind::StringDoubles => {
+                    let n = elements_for::<StringDouble>(8192);
+                    run(&b, &cfg, Typed::<StringDouble>::new(kind, mode, n)).await
+                }
+                TypedKind::Fixed => {
+                    let n = elements_for::<Fixed>(8192);
+                    run(&b, &cfg, Typed::<Fixed>::new(kind, mode, n)).await
+                }
+                TypedKind::Structured => {
+                    run(&b, &cfg, Typed::<Structured>::new(kind, mode, 1)).await
+                }
+            };
+            assert!(stats.completed > 0, "{kind:?} {mode:?}: nothing completed");
+            assert!(stats.mbit_s > 0.0, "{kind:?} {mode:?}");
+            if mode != Mode::Oneway {
+                assert!(stats.p99_us >= stats.p50_us, "{kind:?} {mode:?}: {stats:?}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn byte_sends_and_pings_count_their_bytes() {
+    let b = bed().await;
+    let cfg = shape(2, 1, 16, 100);
+    let ping = run(&b, &cfg, Ping).await;
+    assert!(ping.completed > 0);
+    assert_eq!(ping.mbit_s, 0.0);
+    let send = run(&b, &cfg, SendBytes(Bytes::from(vec![7u8; 65536]))).await;
+    assert!(send.completed > 0);
+    let expected = send.completed as f64 * 65536.0 * 8.0 / send.seconds / 1e6;
+    assert!((send.mbit_s - expected).abs() < 1e-6 * expected.max(1.0));
+}
+
+/// A slow handler must not serialize clients: ten clients finish several times what one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_handlers_run_concurrently_across_clients() {
+    let b = bed().await;
+    let slow = Slow(Duration::from_millis(50));
+    let one = run(&b, &shape(1, 1, 1, 500), slow).await;
+    let ten = run(&b, &shape(10, 10, 1, 500), slow).await;
+    assert!(one.completed >= 1);
+    assert!(
+        ten.completed >= 3 * one.completed,
+        "1 client: {}, 10 clients: {}",
+        one.completed,
+        ten.completed
+    );
+    assert!(ten.mean_us >= 50_000.0, "{ten:?}");
+}
+
+/// "One call per connection, a pool of connections" caps concurrency at the pool size: the
+/// tool reproduces the classic ORB failure mode, and the pipelined shape does not have it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_limit_and_connection_pool_cap_concurrency() {
+    let b = bed().await;
+    let slow = Slow(Duration::from_millis(50));
+    let pool = run(&b, &shape(8, 2, 1, 400), slow).await;
+    // At most 2 calls at a time, each taking at least 50 ms.
+    let cap = 2 * ((pool.seconds / 0.05).ceil() as u64);
+    assert!(pool.completed <= cap, "cap {cap}: {pool:?}");
+    let pipelined = run(&b, &shape(8, 1, 64, 400), slow).await;
+    assert!(
+        pipelined.completed > pool.completed,
+        "pipelined {} vs pool {}",
+        pipelined.completed,
+        pool.completed
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_inputs_give_typed_errors() {
+    let b = bed().await;
+    let err = run_load(&b.transport, &b.addr, &shape(0, 1, 1, 10), Arc::new(Ping))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LoadError::Config(_)), "{err}");
+
+    let client = RpcClient::new(
+        b.transport.connect(&b.addr).await.unwrap(),
+        ClientConfig::default(),
+    );
+    // Garbage where a typed sequence is expected, a short sleep argument, unknown methods.
+    let echo_fixed = method::TYPED + 10 * TypedKind::Fixed as u32 + Mode::Echo as u32;
+    for (m, payload, want) in [
+        (echo_fixed, &[0xffu8; 3][..], code::INVALID_ARGUMENT),
+        (method::SLEEP, &[1u8][..], code::INVALID_ARGUMENT),
+        (method::TYPED + 99, &[][..], code::UNKNOWN_METHOD),
+        (77, &[][..], code::UNKNOWN_METHOD),
+    ] {
+        match client.call(m, Bytes::copy_from_slice(payload)).await {
+            Err(RpcError::Remote(status)) => assert_eq!(status.code, want, "method {m}"),
+            other => panic!("method {m}: {other:?}"),
+        }
+    }
+    assert_eq!(Structured::NAME, "structured");
+}
