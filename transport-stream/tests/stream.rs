@@ -1,0 +1,284 @@
+//! The byte-stream adapter over every backend: the same cases per transport.
+//!
+//! Each backend is one `stream_tests!(module_name, BackendExpr)` line; the backend type is the
+//! conformance suite's [`Backend`] (the verbs backend implements it too).
+
+use bytes::Bytes;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use transport_core::conformance::{pattern, Backend, PROMPT};
+use transport_core::{Connection, HeaderBytes, Message, MessageSender, Transport};
+use transport_stream::{ByteStream, StreamConfig, StreamListener};
+use transport_tcp::{TcpConfig, TcpTransport};
+use transport_uds::{UdsAddr, UdsConfig, UdsTransport};
+
+const MIB: usize = 1 << 20;
+const MAX_MESSAGE: usize = 64 * MIB;
+
+struct Tcp;
+impl Backend for Tcp {
+    type T = TcpTransport;
+    fn transport(&self, max_message_size: usize) -> TcpTransport {
+        TcpTransport::new(TcpConfig::with_max_message_size(max_message_size))
+    }
+    fn listen_addr(&self) -> SocketAddr {
+        "127.0.0.1:0".parse().unwrap()
+    }
+}
+
+struct Uds;
+impl Backend for Uds {
+    type T = UdsTransport;
+    fn transport(&self, max_message_size: usize) -> UdsTransport {
+        UdsTransport::new(UdsConfig::with_max_message_size(max_message_size))
+    }
+    fn listen_addr(&self) -> UdsAddr {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!("transport-stream-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        UdsAddr(dir.join(format!("s{}.sock", N.fetch_add(1, Ordering::Relaxed))))
+    }
+}
+
+type Stream<B> = ByteStream<<<B as Backend>::T as Transport>::Connection>;
+
+/// A connected (client, server) pair of streams.
+async fn pair<B: Backend>(b: &B, config: StreamConfig) -> (Stream<B>, Stream<B>) {
+    let t = b.transport(MAX_MESSAGE);
+    let mut listener = StreamListener::bind(&t, &b.listen_addr(), config.clone())
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (client, server) = tokio::join!(ByteStream::connect(&t, &addr, config), listener.accept());
+    (client.unwrap(), server.unwrap())
+}
+
+/// 16 MiB written in one call, echoed back by the server through `tokio::io::copy`, read back
+/// and compared; large writes become few messages.
+async fn round_trip_16mb<B: Backend>(b: &B) {
+    let (client, server) = pair(b, StreamConfig::default()).await;
+    let echo = tokio::spawn(async move {
+        let (mut r, mut w) = server.into_split();
+        let n = tokio::io::copy_buf(&mut r, &mut w).await?;
+        w.shutdown().await?;
+        io::Result::Ok(n)
+    });
+    let data = pattern(16 * MIB, 1);
+    let metrics = client.metrics().clone();
+    let (mut r, mut w) = client.into_split();
+    let writer = {
+        let data = data.clone();
+        tokio::spawn(async move {
+            w.write_all(&data).await?;
+            w.shutdown().await
+        })
+    };
+    let mut back = Vec::new();
+    r.read_to_end(&mut back).await.unwrap();
+    writer.await.unwrap().unwrap();
+    assert_eq!(echo.await.unwrap().unwrap(), data.len() as u64);
+    assert!(back == data, "echoed bytes differ");
+    let sent = metrics.messages_sent.get();
+    assert!(sent <= 3, "16 MiB in one write took {sent} messages");
+}
+
+/// 100 000 writes of 7 bytes arrive intact, coalesced into chunk-sized messages.
+async fn many_small_writes<B: Backend>(b: &B) {
+    let config = StreamConfig {
+        chunk_size: 64 << 10,
+    };
+    let (mut client, mut server) = pair(b, config).await;
+    let reader = tokio::spawn(async move {
+        let mut got = Vec::new();
+        server.read_to_end(&mut got).await.map(|_| got)
+    });
+    let mut expect = Vec::new();
+    for i in 0..100_000u32 {
+        let w = [(i % 251) as u8, 1, 2, 3, 4, 5, (i >> 8) as u8];
+        client.write_all(&w).await.unwrap();
+        expect.extend_from_slice(&w);
+    }
+    client.shutdown().await.unwrap();
+    let got = reader.await.unwrap().unwrap();
+    assert!(got == expect, "bytes differ");
+    let sent = client.metrics().messages_sent.get() as usize;
+    let bound = expect.len() / (64 << 10) + 2;
+    assert!(sent <= bound, "{sent} messages for {} bytes", expect.len());
+}
+
+/// Vectored writes (what hyper/h2 use) gather into one message.
+async fn vectored_write_is_one_message<B: Backend>(b: &B) {
+    let (mut client, mut server) = pair(b, StreamConfig::default()).await;
+    let parts = [
+        io::IoSlice::new(b"head"),
+        io::IoSlice::new(b"-"),
+        io::IoSlice::new(b"body"),
+    ];
+    let n = client.write_vectored(&parts).await.unwrap();
+    assert_eq!(n, 9);
+    client.flush().await.unwrap();
+    assert_eq!(client.metrics().messages_sent.get(), 1);
+    let chunk = server.read_chunk().await.unwrap().unwrap();
+    assert_eq!(&chunk[..], b"head-body");
+}
+
+/// One side shuts down its writing direction; the other reads EOF and can still answer.
+async fn half_close<B: Backend>(b: &B) {
+    let (mut client, mut server) = pair(b, StreamConfig::default()).await;
+    client.write_all(b"question").await.unwrap();
+    client.shutdown().await.unwrap();
+    let err = client.write_all(b"more").await.unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
+
+    let mut q = Vec::new();
+    server.read_to_end(&mut q).await.unwrap();
+    assert_eq!(q, b"question");
+    assert_eq!(
+        server.read(&mut [0u8; 8]).await.unwrap(),
+        0,
+        "EOF is sticky"
+    );
+    server.write_all(b"answer").await.unwrap();
+    server.shutdown().await.unwrap();
+
+    let mut a = String::new();
+    client.read_to_string(&mut a).await.unwrap();
+    assert_eq!(a, "answer");
+}
+
+/// A peer that drops its stream mid-stream (no shutdown) is an error for the reader, promptly.
+async fn peer_death_fails_reader<B: Backend>(b: &B) {
+    let (mut client, mut server) = pair(b, StreamConfig::default()).await;
+    client.write_all(&pattern(100_000, 2)).await.unwrap();
+    client.flush().await.unwrap();
+    let mut first = vec![0u8; 1000];
+    server.read_exact(&mut first).await.unwrap();
+    // The server dies holding unread data and without sending the end-of-stream marker.
+    drop(server);
+    let mut sink = Vec::new();
+    let r = tokio::time::timeout(PROMPT, client.read_to_end(&mut sink))
+        .await
+        .expect("reader hung after the peer died");
+    let e = r.expect_err("peer death must be an error, not a clean EOF");
+    assert!(
+        matches!(
+            e.kind(),
+            io::ErrorKind::UnexpectedEof
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe
+        ),
+        "unexpected error kind {:?}: {e}",
+        e.kind()
+    );
+}
+
+/// A writer whose peer died gets an error instead of blocking forever.
+async fn peer_death_fails_writer<B: Backend>(b: &B) {
+    let (mut client, server) = pair(b, StreamConfig::default()).await;
+    drop(server);
+    let chunk = vec![7u8; MIB];
+    let r = tokio::time::timeout(PROMPT, async {
+        // Bounded: socket buffers hold a few MiB at most.
+        for _ in 0..256 {
+            client.write_all(&chunk).await?;
+            client.flush().await?;
+        }
+        io::Result::Ok(())
+    })
+    .await
+    .expect("writer hung after the peer died");
+    assert!(
+        r.is_err(),
+        "256 MiB written to a dead peer without an error"
+    );
+    // Errors are sticky.
+    assert!(client.write_all(b"x").await.is_err());
+}
+
+/// `write_chunk` / `read_chunk` move payloads without copies through the adapter.
+async fn zero_copy_chunks<B: Backend>(b: &B) {
+    let (mut client, mut server) = pair(b, StreamConfig::default()).await;
+    let reader = tokio::spawn(async move {
+        let mut got = Vec::new();
+        while let Some(c) = server.read_chunk().await? {
+            got.extend_from_slice(&c);
+        }
+        io::Result::Ok((got, server.metrics().payload_bytes_copied.get()))
+    });
+    let data = pattern(3 * MIB, 3);
+    client.write_chunk(data.clone()).await.unwrap();
+    client.shutdown().await.unwrap();
+    let (got, server_copied) = reader.await.unwrap().unwrap();
+    assert!(got == data, "bytes differ");
+    assert_eq!(client.metrics().payload_bytes_copied.get(), 0);
+    assert_eq!(server_copied, 0);
+}
+
+/// Reads through `AsyncBufRead` (lines) across message boundaries.
+async fn buf_read_lines<B: Backend>(b: &B) {
+    let (mut client, server) = pair(b, StreamConfig { chunk_size: 5 }).await;
+    client.write_all(b"alpha\nbeta\ngamma\n").await.unwrap();
+    client.shutdown().await.unwrap();
+    let mut lines = server.lines();
+    let mut got = Vec::new();
+    while let Some(l) = lines.next_line().await.unwrap() {
+        got.push(l);
+    }
+    assert_eq!(got, ["alpha", "beta", "gamma"]);
+}
+
+/// A peer that is not a byte stream (a message with an unknown header) is `InvalidData`.
+async fn foreign_message_is_invalid_data<B: Backend>(b: &B) {
+    let t = b.transport(MAX_MESSAGE);
+    let mut listener = StreamListener::bind(&t, &b.listen_addr(), StreamConfig::default())
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (raw, server) = tokio::join!(t.connect(&addr), listener.accept());
+    let (mut tx, _rx) = raw.unwrap().split();
+    let mut server = server.unwrap();
+    tx.send(Message::new(
+        HeaderBytes::from([1u8, 2, 3]),
+        Bytes::from_static(b"x"),
+    ))
+    .await
+    .unwrap();
+    let e = server.read(&mut [0u8; 16]).await.unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+}
+
+macro_rules! stream_tests {
+    ($module:ident, $backend:expr) => {
+        mod $module {
+            use super::*;
+            stream_tests!(@cases $backend;
+                round_trip_16mb,
+                many_small_writes,
+                vectored_write_is_one_message,
+                half_close,
+                peer_death_fails_reader,
+                peer_death_fails_writer,
+                zero_copy_chunks,
+                buf_read_lines,
+                foreign_message_is_invalid_data
+            );
+        }
+    };
+    (@cases $backend:expr; $($case:ident),*) => {
+        $(
+            #[test]
+            fn $case() {
+                let backend = $backend;
+                transport_core::conformance::run(stringify!($case), async move {
+                    super::$case(&backend).await
+                });
+            }
+        )*
+    };
+}
+
+stream_tests!(tcp, Tcp);
+stream_tests!(uds, Uds);
