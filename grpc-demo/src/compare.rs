@@ -192,6 +192,7 @@ pub async fn measure_grpc_plain_tcp(cfg: &CompareConfig) -> Result<Figures, Erro
         tonic::transport::Server::builder()
             .initial_stream_window_size(grpc::STREAM_WINDOW)
             .initial_connection_window_size(grpc::CONNECTION_WINDOW)
+            .max_frame_size(grpc::MAX_FRAME)
             .tcp_nodelay(true)
             .add_service(grpc::service())
             .serve_with_incoming_shutdown(
@@ -204,6 +205,7 @@ pub async fn measure_grpc_plain_tcp(cfg: &CompareConfig) -> Result<Figures, Erro
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
         .initial_stream_window_size(grpc::STREAM_WINDOW)
         .initial_connection_window_size(grpc::CONNECTION_WINDOW)
+        .max_frame_size(grpc::MAX_FRAME)
         .tcp_nodelay(true)
         .connect()
         .await?;

@@ -19,6 +19,9 @@ use transport_stream::{StreamConfig, StreamListener};
 pub const STREAM_WINDOW: u32 = 8 << 20;
 /// HTTP/2 connection window, see [`STREAM_WINDOW`].
 pub const CONNECTION_WINDOW: u32 = 16 << 20;
+/// Largest HTTP/2 frame either side accepts. h2's default (16 KiB) makes it write, and flush,
+/// one 16 KiB frame at a time: one transport message each.
+pub const MAX_FRAME: u32 = 1 << 20;
 
 /// The service implementation.
 #[derive(Debug, Default, Clone)]
@@ -87,6 +90,7 @@ pub async fn serve<L: Listener>(
     Server::builder()
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_frame_size(MAX_FRAME)
         .add_service(service())
         .serve_with_incoming_shutdown(listener.incoming(), shutdown)
         .await
@@ -109,6 +113,7 @@ pub async fn connect_shared<T: Transport>(
     let channel = Endpoint::from_static("http://transport.invalid")
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_frame_size(MAX_FRAME)
         .connect_with_connector(Connector::shared(transport, addr, StreamConfig::default()))
         .await?;
     Ok(EchoClient::new(channel)
