@@ -57,7 +57,7 @@ impl<T: Transport> Clone for Connector<T> {
     }
 }
 
-/// The future of [`Connector::call`].
+/// The future of `Connector::call` (the `tower_service::Service` impl).
 pub type ConnectFuture<C> =
     Pin<Box<dyn Future<Output = io::Result<TokioIo<ByteStream<C>>>> + Send + 'static>>;
 
