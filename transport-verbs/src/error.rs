@@ -36,6 +36,34 @@ pub enum VerbsError {
     /// Listing the devices failed for another reason than "none" or "no rdma-core".
     #[error("listing RDMA devices failed: {0}")]
     DeviceList(#[source] io::Error),
+    /// Registering memory with the device failed, typically because the locked-memory limit
+    /// (`RLIMIT_MEMLOCK`) is too low.
+    #[error(
+        "registering {len} bytes with RDMA device `{device}` failed ({reason}); \
+         locked-memory limit RLIMIT_MEMLOCK is {}: raise it (`ulimit -l unlimited`, or memlock \
+         in /etc/security/limits.conf / LimitMEMLOCK= for systemd services)",
+        match memlock_limit { Some(b) => format!("{b} bytes"), None => "unlimited".to_owned() }
+    )]
+    Registration {
+        /// The device name.
+        device: String,
+        /// Bytes that were being registered.
+        len: usize,
+        /// The soft `RLIMIT_MEMLOCK` at the time, `None` for unlimited.
+        memlock_limit: Option<u64>,
+        /// What the device said.
+        reason: String,
+    },
+    /// Connection setup through rdma_cm failed.
+    #[error("rdma_cm {op} failed for {addr}: {reason}")]
+    Cm {
+        /// The step ("resolve address", "connect", "accept", ...).
+        op: &'static str,
+        /// The address involved.
+        addr: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// The binding panicked (for example on a value it does not know); caught at the boundary.
     #[error("the verbs binding failed unexpectedly: {0}")]
     Internal(String),
@@ -67,6 +95,12 @@ impl VerbsError {
             device: device.to_owned(),
             source: Box::new(source),
         }
+    }
+}
+
+impl From<VerbsError> for transport_core::TransportError {
+    fn from(e: VerbsError) -> Self {
+        transport_core::TransportError::Backend(e.to_string())
     }
 }
 

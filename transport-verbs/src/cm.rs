@@ -1,0 +1,412 @@
+//! rdma_cm plumbing: one task per event channel reads its events (non-blocking fd on tokio's
+//! `AsyncFd`) and routes each to the identifier's sink; connection setup on both sides.
+
+use std::net::SocketAddr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sideway::ibverbs::completion::CompletionChannel;
+use sideway::ibverbs::queue_pair::{QueuePairState, QueuePairType};
+use sideway::ibverbs::AccessFlags;
+use sideway::rdmacm::communication_manager::{
+    ConnectionParameter, EventChannel, EventType, Identifier,
+};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::mpsc;
+use transport_core::TransportError;
+
+use crate::conn::{Conn, Resources, VerbsConnection};
+use crate::ffi::{ChannelFd, Endpoint, OwnedRegion, CTRL_SLOT};
+use crate::pool::Pool;
+use crate::VerbsConfig;
+
+/// One rdma_cm event, as routed to an identifier's sink.
+pub(crate) struct CmMsg {
+    pub(crate) kind: Option<EventType>,
+    pub(crate) status: i32,
+    /// For a connect request: the new identifier.
+    pub(crate) new_id: Option<Arc<Identifier>>,
+}
+
+/// Stored in an identifier's user context: where its events go.
+pub(crate) struct CmSink(pub(crate) mpsc::UnboundedSender<CmMsg>);
+
+/// Makes an event channel and starts its pump. The pump ends once nothing but itself holds the
+/// channel (every identifier created on it is gone).
+pub(crate) fn channel() -> Result<Arc<EventChannel>, TransportError> {
+    let ch = EventChannel::new()
+        .map_err(|e| TransportError::Backend(format!("rdma_create_event_channel: {e}")))?;
+    ch.set_nonblocking(true)?;
+    let fd = crate::ffi::watch(ChannelFd(ch.clone()))?;
+    tokio::spawn(pump(ch.clone(), fd));
+    Ok(ch)
+}
+
+async fn pump(ch: Arc<EventChannel>, fd: AsyncFd<ChannelFd<EventChannel>>) {
+    loop {
+        // Held here and by `fd`: nothing else means every identifier is gone.
+        if Arc::strong_count(&ch) <= 2 {
+            break;
+        }
+        let ready = tokio::time::timeout(Duration::from_millis(250), fd.readable()).await;
+        let mut guard = match ready {
+            Err(_) => continue,
+            Ok(Err(_)) => break,
+            Ok(Ok(g)) => g,
+        };
+        // Clear first, then drain: an event arriving after the drain re-arms the edge.
+        guard.clear_ready();
+        loop {
+            // sideway's enum conversions can panic on values it does not know.
+            let got = catch_unwind(AssertUnwindSafe(|| match ch.get_cm_event() {
+                Ok(ev) => {
+                    let kind = catch_unwind(AssertUnwindSafe(|| ev.event_type())).ok();
+                    let status = ev.status();
+                    let (target, new_id) = if kind == Some(EventType::ConnectRequest) {
+                        (ev.listener_id(), ev.cm_id())
+                    } else {
+                        (ev.cm_id(), None)
+                    };
+                    if let Some(sink) = target.and_then(|id| id.get_context::<CmSink>()) {
+                        let _ = sink.0.send(CmMsg {
+                            kind,
+                            status,
+                            new_id,
+                        });
+                    }
+                    drop(ev); // acknowledged
+                    true
+                }
+                Err(_) => false,
+            }));
+            if !matches!(got, Ok(true)) {
+                break;
+            }
+        }
+    }
+    drop(fd); // deregistered before the channel (and its fd) goes
+    drop(ch);
+}
+
+fn cm_err(op: &'static str, addr: &SocketAddr, reason: impl ToString) -> TransportError {
+    crate::VerbsError::Cm {
+        op,
+        addr: addr.to_string(),
+        reason: reason.to_string(),
+    }
+    .into()
+}
+
+/// Waits for the next event of an identifier, with a time limit.
+async fn next_event(
+    rx: &mut mpsc::UnboundedReceiver<CmMsg>,
+    op: &'static str,
+    addr: &SocketAddr,
+    within: Duration,
+) -> Result<CmMsg, TransportError> {
+    match tokio::time::timeout(within, rx.recv()).await {
+        Ok(Some(m)) => Ok(m),
+        Ok(None) => Err(cm_err(op, addr, "event channel closed")),
+        Err(_) => Err(TransportError::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("rdma_cm {op} for {addr} timed out after {within:?}"),
+        ))),
+    }
+}
+
+async fn expect_event(
+    rx: &mut mpsc::UnboundedReceiver<CmMsg>,
+    want: EventType,
+    op: &'static str,
+    addr: &SocketAddr,
+    within: Duration,
+) -> Result<(), TransportError> {
+    let m = next_event(rx, op, addr, within).await?;
+    match m.kind {
+        Some(k) if k == want => Ok(()),
+        Some(EventType::Rejected) | Some(EventType::Unreachable) => {
+            Err(TransportError::Io(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                format!("rdma_cm {op} to {addr}: {:?} (status {})", m.kind, m.status),
+            )))
+        }
+        other => Err(cm_err(
+            op,
+            addr,
+            format!("unexpected event {other:?} (status {})", m.status),
+        )),
+    }
+}
+
+/// Builds the verbs resources of one connection on the identifier's device.
+fn resources(
+    id: &Arc<Identifier>,
+    cfg: &VerbsConfig,
+    addr: &SocketAddr,
+) -> Result<Resources, TransportError> {
+    let ctx = id
+        .get_device_context()
+        .ok_or_else(|| cm_err("get device", addr, "identifier is bound to no RDMA device"))?;
+    let device = {
+        use sideway::ibverbs::device::DeviceInfo as _;
+        ctx.name()
+    };
+    let pd = ctx
+        .alloc_pd()
+        .map_err(|e| cm_err("ibv_alloc_pd", addr, e))?;
+    let comp =
+        CompletionChannel::new(&ctx).map_err(|e| cm_err("ibv_create_comp_channel", addr, e))?;
+    comp.set_nonblocking(true)?;
+    let cqe = (cfg.send_depth + cfg.recv_depth + 16) as u32;
+    let cq = ctx
+        .create_cq_builder()
+        .setup_cqe(cqe)
+        .setup_comp_channel(&comp, 0)
+        .build()
+        .map_err(|e| cm_err("ibv_create_cq", addr, e))?;
+    let mut inline = cfg.inline_size as u32;
+    let qp = loop {
+        let mut b = pd.create_qp_builder();
+        b.setup_qp_type(QueuePairType::ReliableConnection)
+            .setup_max_send_wr(cfg.send_depth as u32)
+            .setup_max_recv_wr(cfg.recv_depth as u32)
+            .setup_max_send_sge(2)
+            .setup_max_recv_sge(1)
+            .setup_max_inline_data(inline)
+            .setup_send_cq(cq.clone())
+            .setup_recv_cq(cq.clone());
+        match b.build() {
+            Ok(qp) => break qp,
+            Err(_) if inline > 0 => inline = 0,
+            Err(e) => return Err(cm_err("ibv_create_qp", addr, e)),
+        }
+    };
+    let metrics = Arc::new(transport_core::Metrics::default());
+    let pool = Pool::new(
+        pd.clone(),
+        device.clone(),
+        metrics.clone(),
+        cfg.pool_keep_bytes,
+        cfg.registration_cache_bytes,
+    );
+    let ctrl = OwnedRegion::new(&pd, cfg.send_depth * CTRL_SLOT).map_err(|e| {
+        TransportError::from(crate::pool::registration_error(
+            &device,
+            cfg.send_depth * CTRL_SLOT,
+            e,
+        ))
+    })?;
+    metrics.registrations.incr();
+    let ep = Endpoint::new(
+        qp,
+        cq,
+        comp,
+        ctrl,
+        cfg.send_depth,
+        cfg.recv_depth,
+        inline as usize,
+    );
+    Ok(Resources {
+        ep,
+        pool,
+        metrics,
+        device,
+    })
+}
+
+fn init_attr(
+    id: &Identifier,
+    addr: &SocketAddr,
+) -> Result<sideway::ibverbs::queue_pair::QueuePairAttribute, TransportError> {
+    let mut attr = id
+        .get_qp_attr(QueuePairState::Init)
+        .map_err(|e| cm_err("init QP attributes", addr, e))?;
+    attr.setup_access_flags(
+        AccessFlags::LocalWrite | AccessFlags::RemoteRead | AccessFlags::RemoteWrite,
+    );
+    Ok(attr)
+}
+
+fn to_state(
+    r: &mut Resources,
+    id: &Identifier,
+    state: QueuePairState,
+    addr: &SocketAddr,
+) -> Result<(), TransportError> {
+    let attr = if state == QueuePairState::Init {
+        init_attr(id, addr)?
+    } else {
+        id.get_qp_attr(state)
+            .map_err(|e| cm_err("QP attributes", addr, e))?
+    };
+    r.ep.modify(&attr)
+        .map_err(|e| cm_err("ibv_modify_qp", addr, e))
+}
+
+/// Connects to a listener at `addr`.
+pub(crate) async fn connect(
+    cfg: Arc<VerbsConfig>,
+    addr: SocketAddr,
+) -> Result<VerbsConnection, TransportError> {
+    let ch = channel()?;
+    let id = ch
+        .create_id(sideway::rdmacm::communication_manager::PortSpace::Tcp)
+        .map_err(|e| cm_err("rdma_create_id", &addr, e))?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    id.setup_context(CmSink(tx));
+    drop(ch);
+    let t = cfg.connect_timeout;
+    let result = async {
+        id.resolve_addr(None, addr, t)
+            .map_err(|e| cm_err("resolve address", &addr, e))?;
+        expect_event(
+            &mut rx,
+            EventType::AddressResolved,
+            "resolve address",
+            &addr,
+            t + t,
+        )
+        .await?;
+        id.resolve_route(t)
+            .map_err(|e| cm_err("resolve route", &addr, e))?;
+        expect_event(
+            &mut rx,
+            EventType::RouteResolved,
+            "resolve route",
+            &addr,
+            t + t,
+        )
+        .await?;
+        let mut r = resources(&id, &cfg, &addr)?;
+        to_state(&mut r, &id, QueuePairState::Init, &addr)?;
+        // Receives are posted before the peer can send anything.
+        let mut r = crate::conn::prepost(r, &cfg)?;
+        {
+            let mut param = ConnectionParameter::default();
+            param.setup_qp_number(r.ep.qp_number());
+            id.connect(param).map_err(|e| cm_err("connect", &addr, e))?;
+        }
+        expect_event(&mut rx, EventType::ConnectResponse, "connect", &addr, t).await?;
+        // Re-apply INIT after the response (remote access flags), then RTR and RTS.
+        to_state(&mut r, &id, QueuePairState::Init, &addr)?;
+        to_state(&mut r, &id, QueuePairState::ReadyToReceive, &addr)?;
+        to_state(&mut r, &id, QueuePairState::ReadyToSend, &addr)?;
+        id.establish().map_err(|e| cm_err("establish", &addr, e))?;
+        Ok::<_, TransportError>(r)
+    }
+    .await;
+    match result {
+        Ok(r) => Conn::start(r, id, rx, cfg, addr.to_string()),
+        Err(e) => {
+            crate::conn::drop_id_off_thread(id);
+            Err(e)
+        }
+    }
+}
+
+/// A bound, listening identifier and the connections set up for it in the background.
+pub(crate) struct Listening {
+    pub(crate) id: Option<Arc<Identifier>>,
+    pub(crate) ready: mpsc::UnboundedReceiver<VerbsConnection>,
+    pub(crate) addr: SocketAddr,
+}
+
+/// Binds and listens at `addr`; port 0 picks a free port. Connect requests are completed in
+/// the background (like a kernel's TCP backlog): `accept` hands out established connections.
+pub(crate) fn listen(addr: SocketAddr, cfg: Arc<VerbsConfig>) -> Result<Listening, TransportError> {
+    let backlog = cfg.backlog;
+    let ch = channel()?;
+    let id = ch
+        .create_id(sideway::rdmacm::communication_manager::PortSpace::Tcp)
+        .map_err(|e| cm_err("rdma_create_id", &addr, e))?;
+    drop(ch);
+    let bound = if addr.port() != 0 {
+        id.bind_addr(addr).map_err(|e| cm_err("bind", &addr, e))?;
+        addr
+    } else {
+        // sideway cannot read back the port rdma_cm picked: pick one ourselves.
+        let mut seed = std::process::id() as u64
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1);
+        let mut bound = None;
+        for _ in 0..200 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let port = 20_000 + (seed % 40_000) as u16;
+            let a = SocketAddr::new(addr.ip(), port);
+            if id.bind_addr(a).is_ok() {
+                bound = Some(a);
+                break;
+            }
+        }
+        bound.ok_or_else(|| cm_err("bind", &addr, "no free port found"))?
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    id.setup_context(CmSink(tx));
+    id.listen(backlog)
+        .map_err(|e| cm_err("listen", &bound, e))?;
+    let (ready_tx, ready) = mpsc::unbounded_channel();
+    // Ends when the listening identifier (which holds the sink) is destroyed.
+    tokio::spawn(async move {
+        while let Some(m) = rx.recv().await {
+            let Some(new_id) = m.new_id else { continue };
+            let cfg = cfg.clone();
+            let ready_tx = ready_tx.clone();
+            tokio::spawn(async move {
+                // A request whose setup fails is dropped (rejected); the listener goes on.
+                if let Ok(conn) = accept(cfg, new_id, bound).await {
+                    let _ = ready_tx.send(conn);
+                }
+            });
+        }
+    });
+    Ok(Listening {
+        id: Some(id),
+        ready,
+        addr: bound,
+    })
+}
+
+/// Completes one incoming connection request.
+pub(crate) async fn accept(
+    cfg: Arc<VerbsConfig>,
+    id: Arc<Identifier>,
+    listen_addr: SocketAddr,
+) -> Result<VerbsConnection, TransportError> {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    id.setup_context(CmSink(tx));
+    let addr = listen_addr;
+    let result = async {
+        let mut r = resources(&id, &cfg, &addr)?;
+        to_state(&mut r, &id, QueuePairState::Init, &addr)?;
+        let mut r = crate::conn::prepost(r, &cfg)?;
+        to_state(&mut r, &id, QueuePairState::ReadyToReceive, &addr)?;
+        to_state(&mut r, &id, QueuePairState::ReadyToSend, &addr)?;
+        {
+            let mut param = ConnectionParameter::default();
+            param.setup_qp_number(r.ep.qp_number());
+            id.accept(param).map_err(|e| cm_err("accept", &addr, e))?;
+        }
+        expect_event(
+            &mut rx,
+            EventType::Established,
+            "accept",
+            &addr,
+            cfg.connect_timeout,
+        )
+        .await?;
+        Ok::<_, TransportError>(r)
+    }
+    .await;
+    match result {
+        Ok(r) => Conn::start(r, id, rx, cfg, format!("rdma peer via {listen_addr}")),
+        Err(e) => {
+            crate::conn::drop_id_off_thread(id);
+            Err(e)
+        }
+    }
+}

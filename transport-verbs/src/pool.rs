@@ -1,0 +1,308 @@
+//! The registered buffer pool and the registration cache.
+//!
+//! - Buffers are registered once, when the pool grows, and recycled: a [`PoolBuf`] goes back to
+//!   its size class when dropped (when the last `Bytes` view of a payload built on it is dropped).
+//!   The pool keeps up to [`crate::VerbsConfig::pool_keep_bytes`] of idle buffers; beyond that an
+//!   idle buffer is deregistered and freed.
+//! - Every live buffer is in an address registry, so a payload `Bytes` that points into one (a
+//!   send buffer from [`transport_core::MessageSender::buffer_pool`], or a received payload sent
+//!   on) is recognised and sent without a copy and without a registration.
+//! - User `Bytes` above the rendezvous threshold are registered through a small LRU cache that
+//!   holds the `Bytes` (so the memory cannot be freed and reused while its registration lives).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use sideway::ibverbs::protection_domain::ProtectionDomain;
+use transport_core::{BackendRegion, BufferPool, Metrics, SendBuffer};
+
+use crate::error::VerbsError;
+use crate::ffi::{memlock_limit, HeldBytes, OwnedRegion, UserRegion};
+
+/// Size class of a buffer able to hold `n` bytes: powers of two from 4 KiB to 1 MiB, then
+/// multiples of 1 MiB.
+pub(crate) fn class_of(n: usize) -> usize {
+    const MIB: usize = 1 << 20;
+    if n <= 4096 {
+        4096
+    } else if n <= MIB {
+        n.next_power_of_two()
+    } else {
+        n.div_ceil(MIB) * MIB
+    }
+}
+
+pub(crate) struct PoolInner {
+    pd: Arc<ProtectionDomain>,
+    device: String,
+    metrics: Arc<Metrics>,
+    keep_bytes: usize,
+    state: Mutex<PoolState>,
+    cache: Mutex<RegCache>,
+}
+
+#[derive(Default)]
+struct PoolState {
+    free: HashMap<usize, Vec<OwnedRegion>>,
+    idle_bytes: usize,
+    /// start address -> (len, lkey, rkey) of every live pool buffer.
+    registry: BTreeMap<usize, (usize, u32, u32)>,
+}
+
+struct RegCache {
+    capacity: usize,
+    bytes: usize,
+    entries: VecDeque<Arc<UserRegion>>,
+}
+
+/// A pool of registered buffers (one per connection, on the connection's protection domain).
+#[derive(Clone)]
+pub(crate) struct Pool {
+    inner: Arc<PoolInner>,
+}
+
+impl Pool {
+    pub(crate) fn new(
+        pd: Arc<ProtectionDomain>,
+        device: String,
+        metrics: Arc<Metrics>,
+        keep_bytes: usize,
+        cache_bytes: usize,
+    ) -> Pool {
+        Pool {
+            inner: Arc::new(PoolInner {
+                pd,
+                device,
+                metrics,
+                keep_bytes,
+                state: Mutex::new(PoolState::default()),
+                cache: Mutex::new(RegCache {
+                    capacity: cache_bytes,
+                    bytes: 0,
+                    entries: VecDeque::new(),
+                }),
+            }),
+        }
+    }
+
+    /// A buffer of exactly `size` bytes (a size class), from the free list or newly registered.
+    pub(crate) fn get(&self, size: usize) -> Result<PoolBuf, VerbsError> {
+        {
+            let mut st = self.inner.state.lock().expect("pool lock");
+            if let Some(region) = st.free.get_mut(&size).and_then(Vec::pop) {
+                st.idle_bytes -= size;
+                return Ok(PoolBuf {
+                    region: Some(region),
+                    pool: self.inner.clone(),
+                });
+            }
+        }
+        let region = OwnedRegion::new(&self.inner.pd, size)
+            .map_err(|e| registration_error(&self.inner.device, size, e))?;
+        self.inner.metrics.registrations.incr();
+        let mut st = self.inner.state.lock().expect("pool lock");
+        st.registry
+            .insert(region.addr(), (size, region.lkey(), region.rkey()));
+        Ok(PoolBuf {
+            region: Some(region),
+            pool: self.inner.clone(),
+        })
+    }
+
+    /// A buffer for at least `n` bytes, of `n`'s size class.
+    pub(crate) fn get_for(&self, n: usize) -> Result<PoolBuf, VerbsError> {
+        self.get(class_of(n))
+    }
+
+    /// The registration covering `bytes`, if it lies inside a live pool buffer (no copy, no
+    /// registration needed to send it).
+    pub(crate) fn lookup(&self, bytes: &Bytes) -> Option<HeldBytes> {
+        let start = bytes.as_ptr() as usize;
+        let st = self.inner.state.lock().expect("pool lock");
+        let (&base, &(len, lkey, rkey)) = st.registry.range(..=start).next_back()?;
+        if start + bytes.len() <= base + len {
+            Some(HeldBytes {
+                bytes: bytes.clone(),
+                lkey,
+                rkey,
+                _reg: None,
+            })
+        } else {
+            None
+        }
+    }
+
+    /// `bytes` with a registration: a pool buffer, a cached user registration, or a new one
+    /// (counted, and cached).
+    pub(crate) fn register(&self, bytes: &Bytes) -> Result<HeldBytes, VerbsError> {
+        if let Some(h) = self.lookup(bytes) {
+            return Ok(h);
+        }
+        let start = bytes.as_ptr() as usize;
+        let end = start + bytes.len();
+        let mut cache = self.inner.cache.lock().expect("cache lock");
+        if let Some(pos) = cache
+            .entries
+            .iter()
+            .position(|r| r.start() <= start && end <= r.start() + r.len())
+        {
+            let reg = cache.entries.remove(pos).expect("position is valid");
+            cache.entries.push_back(reg.clone());
+            return Ok(HeldBytes {
+                bytes: bytes.clone(),
+                lkey: reg.lkey(),
+                rkey: reg.rkey(),
+                _reg: Some(reg),
+            });
+        }
+        let reg = Arc::new(
+            UserRegion::new(&self.inner.pd, bytes.clone())
+                .map_err(|e| registration_error(&self.inner.device, bytes.len(), e))?,
+        );
+        self.inner.metrics.registrations.incr();
+        if reg.len() <= cache.capacity {
+            cache.bytes += reg.len();
+            cache.entries.push_back(reg.clone());
+            while cache.bytes > cache.capacity {
+                let old = cache.entries.pop_front().expect("non-empty");
+                cache.bytes -= old.len();
+            }
+        }
+        Ok(HeldBytes {
+            bytes: bytes.clone(),
+            lkey: reg.lkey(),
+            rkey: reg.rkey(),
+            _reg: Some(reg),
+        })
+    }
+
+    /// The `BufferPool` handed to users: send buffers in registered memory.
+    pub(crate) fn buffer_pool(&self) -> Arc<dyn BufferPool> {
+        Arc::new(VerbsBufferPool { pool: self.clone() })
+    }
+}
+
+pub(crate) fn registration_error(
+    device: &str,
+    len: usize,
+    e: sideway::ibverbs::memory_region::RegisterMemoryRegionError,
+) -> VerbsError {
+    let text = e.to_string();
+    let source = std::error::Error::source(&e).map(|s| s.to_string());
+    let os_enomem = source
+        .as_deref()
+        .is_some_and(|s| s.contains("Cannot allocate memory") || s.contains("os error 12"))
+        || text.contains("Cannot allocate memory");
+    let limit = memlock_limit();
+    if os_enomem || limit.is_some() {
+        VerbsError::Registration {
+            device: device.to_owned(),
+            len,
+            memlock_limit: limit,
+            reason: source.unwrap_or(text),
+        }
+    } else {
+        VerbsError::verbs("ibv_reg_mr", device, e)
+    }
+}
+
+/// A registered buffer of the pool; returns to its size class when dropped.
+pub(crate) struct PoolBuf {
+    region: Option<OwnedRegion>,
+    pool: Arc<PoolInner>,
+}
+
+impl PoolBuf {
+    fn region(&self) -> &OwnedRegion {
+        self.region.as_ref().expect("present until drop")
+    }
+
+    pub(crate) fn addr(&self) -> usize {
+        self.region().addr()
+    }
+
+    pub(crate) fn lkey(&self) -> u32 {
+        self.region().lkey()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.region().bytes().len()
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        self.region().bytes()
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.region
+            .as_mut()
+            .expect("present until drop")
+            .bytes_mut()
+    }
+}
+
+impl AsRef<[u8]> for PoolBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl BackendRegion for PoolBuf {
+    fn as_slice(&self) -> &[u8] {
+        PoolBuf::as_slice(self)
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        PoolBuf::as_mut_slice(self)
+    }
+}
+
+impl Drop for PoolBuf {
+    fn drop(&mut self) {
+        let Some(region) = self.region.take() else {
+            return;
+        };
+        let size = region.bytes().len();
+        let Ok(mut st) = self.pool.state.lock() else {
+            return;
+        };
+        if st.idle_bytes + size <= self.pool.keep_bytes {
+            st.idle_bytes += size;
+            st.free.entry(size).or_default().push(region);
+        } else {
+            st.registry.remove(&region.addr());
+            drop(st);
+            drop(region); // deregistered, then freed
+        }
+    }
+}
+
+struct VerbsBufferPool {
+    pool: Pool,
+}
+
+impl BufferPool for VerbsBufferPool {
+    fn alloc(&self, capacity: usize) -> SendBuffer {
+        match self.pool.get_for(capacity) {
+            Ok(buf) => SendBuffer::from_region(Box::new(buf)),
+            // Registration failed (memlock?): plain memory still works, at the cost of a copy
+            // or a cached registration when sent.
+            Err(_) => SendBuffer::heap(capacity),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::class_of;
+
+    #[test]
+    fn size_classes() {
+        assert_eq!(class_of(0), 4096);
+        assert_eq!(class_of(4097), 8192);
+        assert_eq!(class_of(65536), 65536);
+        assert_eq!(class_of(1 << 20), 1 << 20);
+        assert_eq!(class_of((1 << 20) + 1), 2 << 20);
+        assert_eq!(class_of(96 << 20), 96 << 20);
+    }
+}
