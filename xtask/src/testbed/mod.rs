@@ -504,6 +504,16 @@ pub fn run_verbs_suite() -> Result<(), String> {
     check_tests_ran(&outcomes[0], &names, &log)
 }
 
+/// Test binaries that must pass at least this many tests in the guest: a suite that skipped
+/// itself (no device) or lost cases fails the run instead of passing quietly.
+const MIN_PASSED: &[(&str, u64)] = &[
+    // transport-core's conformance suite: 20 cases + the capability check.
+    ("test:conformance-", 21),
+];
+
+/// Printed by a verbs test that found no device and did not run (must never happen here).
+const SKIP_MARKER: &str = "case not run";
+
 /// The guest passing is not enough: each test binary must have run and passed tests.
 fn check_tests_ran(o: &Outcome, names: &[String], log: &Arc<Log>) -> Result<(), String> {
     let steps = o.steps();
@@ -537,6 +547,27 @@ fn check_tests_ran(o: &Outcome, names: &[String], log: &Arc<Log>) -> Result<(), 
     }
     if passed_total == 0 {
         return Err("the verbs test binaries ran but no test passed".into());
+    }
+    for (prefix, min) in MIN_PASSED {
+        if !names.iter().any(|n| n.starts_with(prefix)) {
+            return Err(format!(
+                "no `{prefix}*` test binary was built for the guest (expected {min} tests)"
+            ));
+        }
+        for (step, n) in results.iter().filter(|(s, _)| s.starts_with(prefix)) {
+            if n < min {
+                return Err(format!(
+                    "{step} passed only {n} tests in the guest, expected at least {min} (log: {})",
+                    log.path().display()
+                ));
+            }
+        }
+    }
+    if o.transcript.iter().any(|l| l.contains(SKIP_MARKER)) {
+        return Err(format!(
+            "a verbs test reported `{SKIP_MARKER}` (no device) in the guest (log: {})",
+            log.path().display()
+        ));
     }
     if !o
         .transcript
