@@ -355,17 +355,33 @@ impl Driver {
                 }
                 Wake::Cm(Some(m)) => self.on_cm(m),
                 Wake::Cm(None) => {}
-                Wake::Cmd(Some(c)) => self.on_cmd(c),
-                Wake::Cmd(None) => {
-                    self.cmd_open = false;
-                    if !self.close_sent && !self.outq.iter().any(|o| matches!(o, Out::Close)) {
-                        self.outq.push_back(Out::Close);
+                Wake::Cmd(Some(c)) => {
+                    self.on_cmd(c);
+                    // Take whatever else is queued: one doorbell for the whole batch.
+                    while self.outq.len() < OUTQ_MAX {
+                        match self.cmd_rx.try_recv() {
+                            Ok(c) => self.on_cmd(c),
+                            Err(mpsc::error::TryRecvError::Empty) => break,
+                            Err(mpsc::error::TryRecvError::Disconnected) => {
+                                self.sender_gone();
+                                break;
+                            }
+                        }
                     }
                 }
+                Wake::Cmd(None) => self.sender_gone(),
                 Wake::Spin | Wake::Linger => {}
             }
         }
         self.teardown();
+    }
+
+    /// The sending half is gone: a dropped sender closes the sending direction.
+    fn sender_gone(&mut self) {
+        self.cmd_open = false;
+        if !self.close_sent && !self.outq.iter().any(|o| matches!(o, Out::Close)) {
+            self.outq.push_back(Out::Close);
+        }
     }
 
     fn on_cmd(&mut self, c: Cmd) {

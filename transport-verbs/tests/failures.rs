@@ -1,0 +1,71 @@
+//! Failure handling: a QP forced into the error state fails pending and later operations
+//! promptly with a typed error; no hang.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use transport_core::{
+    Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport,
+    TransportError,
+};
+use transport_verbs::{VerbsConfig, VerbsTransport};
+
+#[test]
+fn qp_forced_to_error_fails_pending_calls_with_a_typed_error() {
+    let Some(addr) = common::listen_addr_or_skip("qp_error") else {
+        return;
+    };
+    common::run(async move {
+        let verbs = VerbsTransport::new(VerbsConfig::default()).expect("transport");
+        let mut listener = verbs.listen(&addr).await.expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let conn = verbs.connect(&addr).await.expect("connect");
+        let server = listener.accept().await.expect("accept");
+        let (mut tx, mut rx) = conn.split();
+        let (mut stx, mut srx) = server.split();
+
+        // The connection works.
+        tx.send(Message::new(
+            HeaderBytes::from([1u8]),
+            Bytes::from_static(b"hi"),
+        ))
+        .await
+        .expect("send");
+        let m = srx.recv().await.expect("recv").expect("open");
+        assert_eq!(&m.payload[..], b"hi");
+
+        // A receive is pending on the client when its QP breaks.
+        let pending = tokio::spawn(async move { rx.recv().await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let start = Instant::now();
+        tx.inject_qp_error().await;
+        let r = tokio::time::timeout(Duration::from_secs(5), pending)
+            .await
+            .expect("the pending receive failed promptly, no hang")
+            .expect("task");
+        match r {
+            Err(TransportError::Backend(msg)) => {
+                assert!(msg.contains("error state"), "names the cause: {msg}");
+                println!(
+                    "qp_error: pending receive failed after {:?}: {msg}",
+                    start.elapsed()
+                );
+            }
+            other => panic!("expected a typed QP error, got {other:?}"),
+        }
+        // Later sends fail too, with the same cause.
+        let e = tx
+            .send(Message::new(HeaderBytes::EMPTY, Bytes::from_static(b"x")))
+            .await
+            .expect_err("send after the QP error");
+        assert!(e.is_fatal(), "{e:?}");
+        // The peer learns that the connection is gone (disconnect), also without hanging.
+        let r = tokio::time::timeout(Duration::from_secs(10), srx.recv())
+            .await
+            .expect("the peer saw the end promptly");
+        assert!(!matches!(r, Ok(Some(_))), "{r:?}");
+        let _ = stx.close().await;
+    });
+}
