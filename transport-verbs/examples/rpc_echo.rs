@@ -183,25 +183,35 @@ async fn main() {
         report("oneway", &a, secs, 1, client.metrics().snapshot() - before);
     }
     if a.mode == "echo" || a.mode == "both" {
+        // Warm-up at full concurrency too: every buffer the pipeline needs gets registered now.
+        echo_phase(&client, &bufs, 4 * a.inflight as u64).await;
         let before = client.metrics().snapshot();
         let start = Instant::now();
-        let next = Arc::new(AtomicU64::new(0));
-        let mut tasks = Vec::new();
-        for b in bufs.clone() {
-            let client = client.clone();
-            let next = next.clone();
-            let calls = a.calls;
-            tasks.push(tokio::spawn(async move {
-                while next.fetch_add(1, Ordering::Relaxed) < calls {
-                    let r = client.call(ECHO, b.clone()).await.expect("echo");
-                    assert_eq!(r.len(), b.len());
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.expect("task");
-        }
+        echo_phase(&client, &bufs, a.calls).await;
         let secs = start.elapsed().as_secs_f64();
         report("echo", &a, secs, 2, client.metrics().snapshot() - before);
+    }
+}
+
+/// `calls` echo RPCs, one task per buffer (so `bufs.len()` calls in flight).
+async fn echo_phase(
+    client: &Arc<RpcClient<transport_verbs::VerbsSender>>,
+    bufs: &[Bytes],
+    calls: u64,
+) {
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for b in bufs.to_vec() {
+        let client = client.clone();
+        let next = next.clone();
+        tasks.push(tokio::spawn(async move {
+            while next.fetch_add(1, Ordering::Relaxed) < calls {
+                let r = client.call(ECHO, b.clone()).await.expect("echo");
+                assert_eq!(r.len(), b.len());
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
     }
 }

@@ -152,6 +152,42 @@ pub fn set_memlock_soft_limit(bytes: Option<u64>) -> io::Result<()> {
     Ok(())
 }
 
+/// Drops `CAP_IPC_LOCK` from the calling thread's effective and permitted capabilities, so that
+/// `RLIMIT_MEMLOCK` applies even to root (tests use it; threads created afterwards inherit it).
+pub fn drop_ipc_lock_capability() -> io::Result<()> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Default, Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    const CAP_IPC_LOCK: u32 = 14;
+    let mut h = Header {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut d = [Data::default(); 2];
+    // SAFETY: capget reads the header and writes two `Data` entries (version 3), both valid
+    // and exclusively borrowed.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut h as *mut Header, d.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    d[0].effective &= !(1 << CAP_IPC_LOCK);
+    d[0].permitted &= !(1 << CAP_IPC_LOCK);
+    // SAFETY: capset reads the header and two `Data` entries, all valid.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut h as *mut Header, d.as_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Bit set in the `wr_id` of receive work requests.
 const RECV_BIT: u64 = 1 << 63;
 /// Bytes of one control slot (transport header + message header).

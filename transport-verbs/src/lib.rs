@@ -102,7 +102,7 @@ pub use device::{
 };
 pub use error::VerbsError;
 #[doc(hidden)]
-pub use ffi::set_memlock_soft_limit;
+pub use ffi::{drop_ipc_lock_capability, set_memlock_soft_limit};
 
 /// Settings of the verbs transport. Both sides may differ: buffer sizes are exchanged.
 #[derive(Debug, Clone)]
