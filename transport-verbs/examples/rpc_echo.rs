@@ -201,7 +201,8 @@ async fn echo_phase(
 ) {
     let next = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
-    for b in bufs.to_vec() {
+    for b in bufs {
+        let b = b.clone();
         let client = client.clone();
         let next = next.clone();
         tasks.push(tokio::spawn(async move {
