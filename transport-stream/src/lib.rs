@@ -50,7 +50,9 @@
 //!   dropped) is an [`io::Error`] on the reading side (`UnexpectedEof` when the connection ended
 //!   cleanly but without the marker, as TLS does for a missing close_notify; the transport's
 //!   error otherwise), and a failed send is an error on the writing side. No operation waits for a
-//!   peer that is gone.
+//!   peer that is gone. As with a socket buffer, writes can be accepted into the transport's send
+//!   queue before the death is noticed; the error then comes from a later write, flush or
+//!   `shutdown` (which needs the peer to take its end-of-stream marker).
 //!
 //! ## Copies: what the stream model forces
 //!

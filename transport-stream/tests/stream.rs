@@ -175,27 +175,132 @@ async fn peer_death_fails_reader<B: Backend>(b: &B) {
     );
 }
 
-/// A writer whose peer died gets an error instead of blocking forever.
-async fn peer_death_fails_writer<B: Backend>(b: &B) {
+/// Sockets: a writer whose peer dropped its stream (unread data and all) gets an error instead
+/// of blocking forever: from a write or flush once the kernel answers with a reset, at the
+/// latest from `shutdown`. (Not run on verbs: there a dropped connection lingers and discards
+/// what still arrives, so only a peer that really dies is detected; see
+/// `peer_process_killed`.)
+async fn dropped_peer_fails_writer<B: Backend>(b: &B) {
     let (mut client, server) = pair(b, StreamConfig::default()).await;
     drop(server);
     let chunk = vec![7u8; MIB];
-    let r = tokio::time::timeout(PROMPT, async {
-        // Bounded: socket buffers hold a few MiB at most.
-        for _ in 0..256 {
+    let r = tokio::time::timeout(PROMPT * 6, async {
+        for _ in 0..64 {
             client.write_all(&chunk).await?;
             client.flush().await?;
         }
-        io::Result::Ok(())
+        client.shutdown().await
     })
     .await
     .expect("writer hung after the peer died");
     assert!(
         r.is_err(),
-        "256 MiB written to a dead peer without an error"
+        "64 MiB and a shutdown to a dead peer without an error"
     );
     // Errors are sticky.
     assert!(client.write_all(b"x").await.is_err());
+}
+
+const CHILD_ENV: &str = "TRANSPORT_STREAM_TEST_CHILD";
+const CHILD_READY: &str = "STREAM_CHILD_LISTENING ";
+
+/// The child process of [`peer_process_killed`]: accepts one stream, reads and discards,
+/// writes without end until killed (bounded, so an orphan cannot live forever).
+async fn stream_child<B: Backend>(b: &B) {
+    use std::io::Write;
+    let t = b.transport(MAX_MESSAGE);
+    let mut l = StreamListener::bind(&t, &b.listen_addr(), StreamConfig::default())
+        .await
+        .unwrap();
+    println!("\n{CHILD_READY}{}", l.local_addr().unwrap());
+    std::io::stdout().flush().unwrap();
+    let (mut r, mut w) = l.accept().await.unwrap().into_split();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 << 10];
+        while r.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+    });
+    let chunk = pattern(256 << 10, 9);
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(100);
+    while std::time::Instant::now() < end {
+        if w.write_all(&chunk).await.is_err() || w.flush().await.is_err() {
+            break;
+        }
+    }
+}
+
+/// The peer process is killed (SIGKILL) mid-stream, both directions busy: the reader gets an
+/// error (not a clean EOF) once the data sent before the death is drained, and the writer gets
+/// an error at the latest from `shutdown`; neither hangs.
+async fn peer_process_killed<B: Backend>(b: &B, test_name: &str) {
+    use tokio::io::AsyncBufReadExt as _;
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return stream_child(b).await;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut child = tokio::process::Command::new(exe)
+        .args([test_name, "--exact", "--nocapture", "--test-threads", "1"])
+        .env(CHILD_ENV, "1")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the child");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = loop {
+        let line = tokio::time::timeout(PROMPT * 6, lines.next_line())
+            .await
+            .expect("child started in time")
+            .unwrap()
+            .expect("child printed its address");
+        if let Some(at) = line.find(CHILD_READY) {
+            break line[at + CHILD_READY.len()..]
+                .trim()
+                .parse::<<B::T as Transport>::Addr>()
+                .expect("child address");
+        }
+    };
+    let t = b.transport(MAX_MESSAGE);
+    let stream = ByteStream::connect(&t, &addr, StreamConfig::default())
+        .await
+        .unwrap();
+    let (mut r, mut w) = stream.into_split();
+    let mut buf = vec![0u8; MIB];
+    r.read_exact(&mut buf).await.unwrap();
+    assert!(
+        buf[..256 << 10] == pattern(256 << 10, 9)[..],
+        "child's bytes differ"
+    );
+    let chunk = vec![1u8; MIB];
+    w.write_all(&chunk).await.unwrap();
+    w.flush().await.unwrap();
+
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+
+    let read = tokio::time::timeout(PROMPT, async {
+        loop {
+            match r.read(&mut buf).await {
+                Ok(0) => break Ok(()),
+                Ok(_) => continue,
+                Err(e) => break Err(e),
+            }
+        }
+    })
+    .await
+    .expect("reader hung after the peer process died");
+    let e = read.expect_err("a killed peer must be an error for the reader, not a clean EOF");
+    eprintln!("reader after peer kill: {:?}: {e}", e.kind());
+
+    let write = tokio::time::timeout(PROMPT * 6, async {
+        for _ in 0..64 {
+            w.write_all(&chunk).await?;
+            w.flush().await?;
+        }
+        w.shutdown().await
+    })
+    .await
+    .expect("writer hung after the peer process died");
+    let e = write.expect_err("64 MiB and a shutdown to a killed peer without an error");
+    eprintln!("writer after peer kill: {:?}: {e}", e.kind());
 }
 
 /// `write_chunk` / `read_chunk` move payloads without copies through the adapter.
@@ -251,7 +356,7 @@ async fn foreign_message_is_invalid_data<B: Backend>(b: &B) {
 }
 
 macro_rules! stream_tests {
-    ($module:ident, $backend:expr) => {
+    ($module:ident, $backend:expr $(, extra: [$($extra:ident),*])?) => {
         mod $module {
             use super::*;
             stream_tests!(@cases $backend;
@@ -260,11 +365,20 @@ macro_rules! stream_tests {
                 vectored_write_is_one_message,
                 half_close,
                 peer_death_fails_reader,
-                peer_death_fails_writer,
                 zero_copy_chunks,
                 buf_read_lines,
                 foreign_message_is_invalid_data
+                $($(, $extra)*)?
             );
+
+            #[test]
+            fn peer_process_killed() {
+                let backend = $backend;
+                transport_core::conformance::run("peer_process_killed", async move {
+                    let name = concat!(stringify!($module), "::peer_process_killed");
+                    super::peer_process_killed(&backend, name).await
+                });
+            }
         }
     };
     (@cases $backend:expr; $($case:ident),*) => {
@@ -280,5 +394,5 @@ macro_rules! stream_tests {
     };
 }
 
-stream_tests!(tcp, Tcp);
-stream_tests!(uds, Uds);
+stream_tests!(tcp, Tcp, extra: [dropped_peer_fails_writer]);
+stream_tests!(uds, Uds, extra: [dropped_peer_fails_writer]);
