@@ -9,7 +9,8 @@
 //! transport copies nothing and registers nothing per call (the metrics printed show it).
 //!
 //! ```text
-//! rpc_echo [--addr IP] [--size BYTES] [--calls N] [--inflight K] [--mode oneway|echo|both] [--busy-poll]
+//! rpc_echo [--addr IP] [--size BYTES] [--calls N] [--inflight K] [--mode oneway|echo|both]
+//!          [--busy-poll] [--eager-limit BYTES] [--recv-depth N]
 //! ```
 //! In the soft-RoCE guest: `cargo xtask testbed run --file target/release/examples/rpc_echo --
 //! '/mnt/host/bin/rpc_echo --addr $TB_IP_ADDR'` (see the crate docs for the perftest pairing).
@@ -35,6 +36,8 @@ struct Args {
     inflight: usize,
     mode: String,
     busy_poll: bool,
+    eager_limit: Option<usize>,
+    recv_depth: Option<usize>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -45,6 +48,8 @@ fn parse() -> Result<Args, String> {
         inflight: 16,
         mode: "both".into(),
         busy_poll: false,
+        eager_limit: None,
+        recv_depth: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -56,6 +61,12 @@ fn parse() -> Result<Args, String> {
             "--inflight" => a.inflight = val()?.parse().map_err(|e| format!("--inflight: {e}"))?,
             "--mode" => a.mode = val()?,
             "--busy-poll" => a.busy_poll = true,
+            "--recv-depth" => {
+                a.recv_depth = Some(val()?.parse().map_err(|e| format!("--recv-depth: {e}"))?)
+            }
+            "--eager-limit" => {
+                a.eager_limit = Some(val()?.parse().map_err(|e| format!("--eager-limit: {e}"))?)
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -83,10 +94,13 @@ fn report(mode: &str, a: &Args, secs: f64, directions: u64, m: transport_core::M
     let bytes = a.calls * a.size as u64;
     let gbits = bytes as f64 * 8.0 / secs / 1e9;
     println!(
-        "rpc_echo: mode={mode} size={} calls={} inflight={} secs={secs:.3} calls_per_s={:.0} \
+        "rpc_echo: mode={mode} size={} eager_limit={} recv_depth={} busy_poll={} calls={} inflight={} secs={secs:.3} calls_per_s={:.0} \
          payload_gbits={gbits:.3} wire_gbits={:.3} copied={} registrations={} doorbells={} \
          completions={} credit_stalls={}",
         a.size,
+        a.eager_limit.unwrap_or(VerbsConfig::default().eager_limit),
+        a.recv_depth.unwrap_or(VerbsConfig::default().recv_depth),
+        a.busy_poll,
         a.calls,
         a.inflight,
         a.calls as f64 / secs,
@@ -108,9 +122,12 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    let defaults = VerbsConfig::default();
     let cfg = VerbsConfig {
         busy_poll: a.busy_poll,
-        ..VerbsConfig::default()
+        eager_limit: a.eager_limit.unwrap_or(defaults.eager_limit),
+        recv_depth: a.recv_depth.unwrap_or(defaults.recv_depth),
+        ..defaults
     };
     let verbs = match VerbsTransport::new(cfg) {
         Ok(v) => v,

@@ -735,7 +735,8 @@ impl Driver {
             posted_any = true;
         }
         // Grant credits on their own when enough are owed and nothing carried them.
-        let threshold = (self.cfg.recv_depth as u32 / 2).max(1);
+        // At least 2: a CREDIT costs the peer one buffer, which must not trigger a CREDIT back.
+        let threshold = (self.cfg.recv_depth as u32 / 4).max(2);
         if self.owed >= threshold && self.credits >= 1 && self.ep().sq_room() > 0 && self.hello_sent
         {
             let mut th = Th::new(Kind::Credit);

@@ -54,6 +54,9 @@ pub enum VerbsError {
         /// What the device said.
         reason: String,
     },
+    /// The configuration cannot work.
+    #[error("invalid verbs configuration: {0}")]
+    Config(&'static str),
     /// Connection setup through rdma_cm failed.
     #[error("rdma_cm {op} failed for {addr}: {reason}")]
     Cm {

@@ -40,7 +40,7 @@
 //!   connecting and starts with one credit, spent on a HELLO that grants the other
 //!   `recv_depth - 1` and announces its buffer size. Every SEND consumes one credit; every
 //!   received SEND is re-posted at once and its credit returned on the next outgoing header, or
-//!   by a CREDIT message when half the queue is owed. Data needs two credits, so the last one is
+//!   by a CREDIT message when a quarter of the queue is owed. Data needs two credits, so the last one is
 //!   always left for a CREDIT or CLOSE: the receiver never runs out of posted buffers (no RNR)
 //!   and the two sides cannot deadlock. A sender out of credits waits (`credit_stalls`).
 //! - **Eager.** A message whose header and payload fit the peer's receive buffer is sent by
@@ -141,7 +141,7 @@ impl Default for VerbsConfig {
         VerbsConfig {
             max_message_size: 64 << 20,
             eager_limit: 64 << 10,
-            recv_depth: 32,
+            recv_depth: 64,
             send_depth: 128,
             inline_size: 128,
             zero_copy_recv_min: 4096,
@@ -172,6 +172,18 @@ impl VerbsConfig {
     }
 }
 
+/// The IPv4 address of the first RDMA device that has one (its RoCE v2 IPv4 GID): an address to
+/// listen on or connect to with [`VerbsTransport`] on this machine. [`VerbsError::NoDevice`]
+/// without RDMA; [`VerbsError::DeviceNotFound`] when no device carries an IPv4 address (e.g.
+/// InfiniBand without IPoIB configured).
+pub fn local_rdma_ip() -> Result<std::net::IpAddr, VerbsError> {
+    list_devices()?
+        .iter()
+        .find_map(|d| d.roce_v2_ipv4_gid().and_then(|g| g.ipv4()))
+        .map(std::net::IpAddr::V4)
+        .ok_or_else(|| VerbsError::DeviceNotFound("any with an IPv4 (RoCE v2) address".into()))
+}
+
 pub(crate) fn capabilities(cfg: &VerbsConfig) -> Capabilities {
     Capabilities {
         name: "verbs",
@@ -199,6 +211,11 @@ impl VerbsTransport {
     /// [`VerbsError::NoDevice`] / [`VerbsError::RdmaCoreMissing`] otherwise (see
     /// [`VerbsError::is_no_device`]).
     pub fn new(config: VerbsConfig) -> Result<VerbsTransport, VerbsError> {
+        if config.recv_depth < 4 || config.send_depth < 8 || config.rendezvous_chunk == 0 {
+            return Err(VerbsError::Config(
+                "recv_depth must be at least 4, send_depth at least 8, rendezvous_chunk above 0",
+            ));
+        }
         list_devices()?;
         Ok(VerbsTransport {
             config: Arc::new(config),

@@ -32,14 +32,8 @@ impl Verbs {
         }
         let ip = match std::env::var("TB_IP_ADDR") {
             Ok(s) => s.parse().expect("TB_IP_ADDR is an IP address"),
-            Err(_) => {
-                let devs = transport_verbs::list_devices().expect("devices");
-                let gid = devs
-                    .iter()
-                    .find_map(|d| d.roce_v2_ipv4_gid().and_then(|g| g.ipv4()))
-                    .expect("set TB_IP_ADDR to the RDMA interface's IP (no RoCE v2 IPv4 GID)");
-                IpAddr::V4(gid)
-            }
+            Err(_) => transport_verbs::local_rdma_ip()
+                .expect("set TB_IP_ADDR to the RDMA interface's IP (no RoCE v2 IPv4 GID)"),
         };
         Some(Verbs { ip })
     }

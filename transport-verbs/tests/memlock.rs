@@ -23,7 +23,7 @@ fn registration_beyond_memlock_is_a_typed_error_naming_memlock() {
         let verbs = VerbsTransport::new(VerbsConfig::default()).expect("transport");
         let mut listener = verbs.listen(&addr).await.expect("listen");
         let addr = listener.local_addr().expect("addr");
-        // Two endpoints of 32 receive buffers (~2 MiB each) fit in the limit.
+        // Two endpoints of 64 receive buffers (~4 MiB each) fit in the limit.
         let conn = verbs
             .connect(&addr)
             .await

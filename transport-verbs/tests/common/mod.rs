@@ -9,14 +9,11 @@ use std::time::Duration;
 pub fn listen_addr_or_skip(test: &str) -> Option<SocketAddr> {
     let required = std::env::var("TRANSPORT_VERBS_REQUIRE_DEVICE").is_ok_and(|v| v == "1");
     match transport_verbs::list_devices() {
-        Ok(devs) => {
-            let ip = match std::env::var("TB_IP_ADDR") {
+        Ok(_) => {
+            let ip: IpAddr = match std::env::var("TB_IP_ADDR") {
                 Ok(s) => s.parse().expect("TB_IP_ADDR is an IP address"),
-                Err(_) => IpAddr::V4(
-                    devs.iter()
-                        .find_map(|d| d.roce_v2_ipv4_gid().and_then(|g| g.ipv4()))
-                        .expect("set TB_IP_ADDR to the RDMA interface's IP address"),
-                ),
+                Err(_) => transport_verbs::local_rdma_ip()
+                    .expect("set TB_IP_ADDR to the RDMA interface's IP address"),
             };
             Some(SocketAddr::new(ip, 0))
         }
