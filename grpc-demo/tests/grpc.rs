@@ -4,6 +4,10 @@
 //! A backend is one `service_tests!(module, BackendExpr)` line; the backend type is the
 //! conformance suite's [`Backend`], which every transport's tests implement (verbs too).
 
+mod common {
+    pub mod verbs;
+}
+
 use bytes::Bytes;
 use grpc_demo::{grpc, native, pattern, pb};
 use std::net::SocketAddr;
@@ -321,3 +325,10 @@ macro_rules! service_tests {
 
 service_tests!(tcp, Tcp);
 service_tests!(uds, Uds);
+service_tests!(
+    verbs,
+    match common::verbs::Verbs::for_this_machine() {
+        Some(b) => b,
+        None => return,
+    }
+);

@@ -3,6 +3,10 @@
 //! Each backend is one `stream_tests!(module_name, BackendExpr)` line; the backend type is the
 //! conformance suite's [`Backend`] (the verbs backend implements it too).
 
+mod common {
+    pub mod verbs;
+}
+
 use bytes::Bytes;
 use std::io;
 use std::net::SocketAddr;
@@ -396,3 +400,10 @@ macro_rules! stream_tests {
 
 stream_tests!(tcp, Tcp, extra: [dropped_peer_fails_writer]);
 stream_tests!(uds, Uds, extra: [dropped_peer_fails_writer]);
+stream_tests!(
+    verbs,
+    match common::verbs::Verbs::for_this_machine() {
+        Some(b) => b,
+        None => return,
+    }
+);

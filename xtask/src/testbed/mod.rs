@@ -426,25 +426,42 @@ fn two_hosts(args: &[String]) -> Result<(), String> {
     report(&outcomes, &log, started)
 }
 
-/// The verbs test executables of `cargo test -p transport-verbs --no-run`.
-fn build_verbs_tests() -> Result<Vec<PathBuf>, String> {
+/// Test binaries of other crates whose `verbs::` cases run in the guest (the same test bodies
+/// as their uds/tcp cases): (package, test target).
+const VERBS_VARIANT_TESTS: &[(&str, &str)] =
+    &[("transport-stream", "stream"), ("grpc-demo", "grpc")];
+
+/// The verbs test executables, each with the libtest filter to run it with: every test of
+/// `cargo test -p transport-verbs --no-run`, and the `verbs::` cases of [`VERBS_VARIANT_TESTS`].
+fn build_verbs_tests() -> Result<Vec<(PathBuf, Option<&'static str>)>, String> {
+    let mut exes: Vec<_> = build_test_exes(&["-p", "transport-verbs"])?
+        .into_iter()
+        .map(|e| (e, None))
+        .collect();
+    for (package, test) in VERBS_VARIANT_TESTS {
+        for e in build_test_exes(&["-p", package, "--test", test])? {
+            exes.push((e, Some("verbs::")));
+        }
+    }
+    Ok(exes)
+}
+
+/// The test executables of `cargo test <selection> --no-run`.
+fn build_test_exes(selection: &[&str]) -> Result<Vec<PathBuf>, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    eprintln!("testbed: $ cargo test -p transport-verbs --no-run --message-format=json");
+    let what = selection.join(" ");
+    eprintln!("testbed: $ cargo test {what} --no-run --message-format=json");
     let out = Command::new(cargo)
-        .args([
-            "test",
-            "-p",
-            "transport-verbs",
-            "--no-run",
-            "--message-format=json-render-diagnostics",
-        ])
+        .arg("test")
+        .args(selection)
+        .args(["--no-run", "--message-format=json-render-diagnostics"])
         .current_dir(repo_root())
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "building the transport-verbs tests failed ({})",
+            "building the tests of `{what}` failed ({})",
             out.status
         ));
     }
@@ -462,14 +479,15 @@ fn build_verbs_tests() -> Result<Vec<PathBuf>, String> {
     exes.sort();
     exes.dedup();
     if exes.is_empty() {
-        return Err("cargo reported no transport-verbs test executable".into());
+        return Err(format!("cargo reported no test executable for `{what}`"));
     }
     Ok(exes)
 }
 
 /// Runs the verbs test suite in the guest. Fails (never skips) when the bed cannot run.
 ///
-/// Builds transport-verbs' test binaries on the host, boots the guest, runs the smoke suite and
+/// Builds transport-verbs' test binaries (and the `verbs::` variants of transport-stream's and
+/// grpc-demo's per-transport tests) on the host, boots the guest, runs the smoke suite and
 /// then every test binary with `TRANSPORT_VERBS_REQUIRE_DEVICE=1`. Ok only when the guest
 /// reported success, every step passed, each binary printed libtest's `test result: ok.` and at
 /// least one test passed, and the device test reported opening the device.
@@ -482,8 +500,9 @@ pub fn run_verbs_suite() -> Result<(), String> {
     let mut s = RunScript::default();
     script::smoke(&mut s, SMOKE_TIMEOUT);
     let mut names = Vec::new();
-    for exe in &exes {
+    for (exe, filter) in &exes {
         let guest_path = bed.stage(&share, exe)?;
+        let filter = filter.unwrap_or_default();
         let name = format!(
             "test:{}",
             exe.file_name().unwrap_or_default().to_string_lossy()
@@ -491,7 +510,9 @@ pub fn run_verbs_suite() -> Result<(), String> {
         s.step(
             &name,
             TEST_TIMEOUT,
-            &format!("TRANSPORT_VERBS_REQUIRE_DEVICE=1 {guest_path} --test-threads=1 --nocapture"),
+            &format!(
+                "TRANSPORT_VERBS_REQUIRE_DEVICE=1 {guest_path} --test-threads=1 --nocapture {filter}"
+            ),
         );
         names.push(name);
     }
@@ -509,6 +530,9 @@ pub fn run_verbs_suite() -> Result<(), String> {
 const MIN_PASSED: &[(&str, u64)] = &[
     // transport-core's conformance suite: 20 cases + the capability check.
     ("test:conformance-", 21),
+    // transport-stream's byte-stream cases and grpc-demo's tonic + native cases, `verbs::` only.
+    ("test:stream-", 9),
+    ("test:grpc-", 7),
 ];
 
 /// Printed by a verbs test that found no device and did not run (must never happen here).
