@@ -801,7 +801,7 @@ impl Driver {
                     } else if let Some(h) = held.or_else(|| self.pool.lookup(&m.payload)) {
                         let ep = self.ep.as_mut().expect("endpoint");
                         let n = th.encode(&m.header, ep.next_ctrl_slot());
-                        ep.stage_send(SqLocal::CtrlPayload { len: n, payload: h }, true);
+                        ep.stage_send(SqLocal::CtrlPayload { len: n, payload: h }, false);
                     } else {
                         let mut buf = self
                             .pool
@@ -811,7 +811,7 @@ impl Driver {
                         buf.as_mut_slice()[n..n + plen].copy_from_slice(&m.payload);
                         self.metrics.payload_bytes_copied.add(plen as u64);
                         self.ep()
-                            .stage_send(SqLocal::Buf { buf, len: n + plen }, true);
+                            .stage_send(SqLocal::Buf { buf, len: n + plen }, false);
                     }
                     self.credits -= 1;
                     self.metrics.bytes_sent.add((TH_LEN + hl + plen) as u64);

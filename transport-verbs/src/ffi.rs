@@ -531,6 +531,13 @@ impl Endpoint {
             }
         }
         if !self.staged.is_empty() {
+            // The last request of every batch is signaled, so nothing waits for a later batch
+            // to be released (the queue is also signaled every quarter, see `stage_send`).
+            let last = self.staged.len() - 1;
+            if self.staged[last].flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 == 0 {
+                self.staged[last].flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                self.unsignaled = 0;
+            }
             let n = self.staged.len();
             // SAFETY: an all-zero `ibv_send_wr` is a valid value of this plain C struct
             // (null pointers, zero counts, zeroed unions).

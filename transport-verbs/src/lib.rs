@@ -55,8 +55,10 @@
 //!   (FIN without a READ) and reported as `MessageTooLarge` with its header.
 //! - **Completions.** One CQ per connection, armed through a completion channel whose fd sits
 //!   on tokio's `AsyncFd`; every wake drains the CQ completely and posts everything credits
-//!   allow with one doorbell. Sends are signaled selectively (buffers that must be released, and
-//!   at least every quarter of the send queue). `busy_poll` spins on the CQ instead.
+//!   allow with one doorbell. Sends are signaled selectively: the last of each batch and at
+//!   least one per quarter of the send queue; a completion releases every buffer up to it.
+//!   `busy_poll` spins on the CQ instead. The CQ is sized for every work request that can be
+//!   outstanding (send queue + receive queue), so it cannot overflow.
 //! - **Teardown.** `close()` sends CLOSE (the peer's receiver sees a clean end); dropping both
 //!   halves waits for outstanding work (at most `linger`) and disconnects. A peer that vanishes
 //!   (rdma_cm DISCONNECTED), a QP in the error state or a failed completion fail every pending
