@@ -1,3 +1,525 @@
-//! The `bench` comparison tool (being built).
+//! # bench
+//!
+//! The iperf-like comparison of raw transports and RPC over them, with a diagnosis of the gap.
+//!
+//! ```text
+//! bench                         local mode: client and server in this process, every transport
+//! bench --full --plot out.svg   the whole sweep (sizes 1 KB..1 MB x 1..32 client threads)
+//! bench --json                  the report as JSON on stdout
+//! bench server                  serve raw and RPC bench connections (TCP :5201) for a remote client
+//! bench client HOST[:PORT]      run the comparison against `bench server` on HOST
+//! bench doctor                  check the environment (memlock, RDMA devices, GIDs, MTU, socket limits)
+//! ```
+//!
+//! Raw figures use the backend's `Connection` directly (message ping-pong and message
+//! streams); RPC figures use `RpcClient`/`RpcServer` over the same backend, so the ratio of
+//! the two is the cost of the RPC layer. Every figure is repeated (`--repeat`) and printed as
+//! median (min-max), with the CPU placement of client and server.
 
-fn main() {}
+mod doctor;
+mod measure;
+mod plot;
+mod proto;
+mod report;
+mod suite;
+mod sys;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use measure::Op;
+use report::{Placement, Report, Unavailable};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+use suite::Settings;
+use transport_core::{Listener, Transport};
+use transport_tcp::TcpTransport;
+use transport_uds::{UdsAddr, UdsTransport};
+
+/// Default TCP port of `bench server`.
+const DEFAULT_PORT: u16 = 5201;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "bench",
+    version,
+    about = "Raw transport vs RPC over it, on uds, tcp and verbs, with a diagnosis of the gap",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Client and server in this process, over every available transport (the default).
+    Local(RunArgs),
+    /// Serve bench connections for `bench client` on another host.
+    Server(ServerArgs),
+    /// Run the comparison against `bench server` on HOST (TCP).
+    Client {
+        /// The server: HOST or HOST:PORT (default port 5201).
+        host: String,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Check the environment and say what to fix.
+    Doctor {
+        /// Print the findings as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Pin {
+    /// Client threads and server on the same CPU (the most repeatable placement).
+    Same,
+    /// Client on one CPU, server on another.
+    Split,
+    /// No pinning: the scheduler decides.
+    None,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum TransportName {
+    Uds,
+    Tcp,
+    Verbs,
+}
+
+#[derive(Args, Debug, Clone)]
+struct RunArgs {
+    /// The whole sweep: sizes 1 KB..1 MB x 1, 2, 4, 8, 16, 32 client threads (default: quick).
+    #[arg(long)]
+    full: bool,
+    /// Payload sizes (K = 1024, M = 1048576), e.g. 1K,64K,500000.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    sizes: Option<Vec<usize>>,
+    /// Client thread counts (each thread has its own connection), e.g. 1,4,16.
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=256))]
+    threads: Option<Vec<u16>>,
+    /// Byte-sequence operations to measure.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    ops: Option<Vec<Op>>,
+    /// Round trips for the latency row, raw and RPC each (split over the repetitions).
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pings: u64,
+    /// Repetitions of every figure (printed as median, min-max).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    repeat: u64,
+    /// RPC calls in flight per client thread (1 = one synchronous call at a time).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    window: u64,
+    /// Payload bytes per throughput run (K/M suffixes allowed).
+    #[arg(long, default_value = "48M", value_parser = parse_bytes)]
+    bytes: usize,
+    /// CPU placement of client and server.
+    #[arg(long, value_enum, default_value_t = Pin::Same)]
+    pin: Pin,
+    /// Transports to measure (local mode).
+    #[arg(long, value_delimiter = ',', value_enum, default_values_t = [TransportName::Uds, TransportName::Tcp, TransportName::Verbs])]
+    transports: Vec<TransportName>,
+    /// Print the report as JSON on stdout instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Write an SVG plot of throughput vs message size (raw and RPC per transport) to this file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(Args, Debug)]
+struct ServerArgs {
+    /// TCP address to listen on.
+    #[arg(long, default_value = "0.0.0.0:5201")]
+    listen: SocketAddr,
+    /// Also listen on this Unix socket path.
+    #[arg(long)]
+    uds: Option<PathBuf>,
+    /// Pin the server to this CPU.
+    #[arg(long)]
+    core: Option<usize>,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let n = parse_bytes(s)?;
+    if n > proto::MAX_PAYLOAD {
+        return Err(format!(
+            "`{s}` is above the largest supported size of {} bytes",
+            proto::MAX_PAYLOAD
+        ));
+    }
+    Ok(n)
+}
+
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (digits, mult) = match t.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&t[..i], 1024),
+        Some((i, 'M' | 'm')) => (&t[..i], 1 << 20),
+        _ => (t, 1),
+    };
+    let n: usize = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (examples: 1024, 64K, 1M)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+impl RunArgs {
+    fn settings(&self, client_core: Option<usize>) -> Settings {
+        let sizes = self.sizes.clone().unwrap_or_else(|| {
+            if self.full {
+                vec![1024, 4096, 16384, 65536, 262_144, 500_000, 1 << 20]
+            } else {
+                vec![1024, 65536, 262_144, 500_000, 1 << 20]
+            }
+        });
+        let threads = self
+            .threads
+            .clone()
+            .map(|v| v.into_iter().map(usize::from).collect())
+            .unwrap_or_else(|| {
+                if self.full {
+                    vec![1, 2, 4, 8, 16, 32]
+                } else {
+                    vec![1]
+                }
+            });
+        let ops = self
+            .ops
+            .clone()
+            .map(|v| v.into_iter().filter(|&o| o != Op::Ping).collect())
+            .unwrap_or_else(|| vec![Op::Send, Op::Oneway, Op::Recv, Op::Echo]);
+        Settings {
+            sizes,
+            threads,
+            ops,
+            pings: self.pings,
+            repeat: self.repeat as usize,
+            bytes_per_run: self.bytes as u64,
+            min_calls: 64,
+            max_calls: 20_000,
+            window: self.window as usize,
+            client_core,
+        }
+    }
+
+    fn progress(&self, total: u64) -> ProgressBar {
+        if self.no_progress || self.json {
+            return ProgressBar::hidden();
+        }
+        let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+        pb.set_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}")
+                .expect("valid template"),
+        );
+        pb
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => local(&cli.run),
+        Some(Command::Local(run)) => local(&run),
+        Some(Command::Server(a)) => server(&a),
+        Some(Command::Client { host, run }) => client(&host, &run),
+        Some(Command::Doctor { json }) => doctor::run(json),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// CPU placement for local mode: (client core, server core, summary).
+fn placement(pin: Pin, mode: &str) -> Placement {
+    let cpus = sys::allowed_cpus();
+    let first = cpus.first().copied().unwrap_or(0);
+    let (c, s, summary) = match pin {
+        Pin::Same => (
+            Some(first),
+            Some(first),
+            format!("client threads and server pinned to the same CPU {first}"),
+        ),
+        Pin::Split if cpus.len() >= 2 => (
+            Some(cpus[0]),
+            Some(cpus[1]),
+            format!(
+                "client threads pinned to CPU {}, server to CPU {}",
+                cpus[0], cpus[1]
+            ),
+        ),
+        Pin::Split => (
+            Some(first),
+            Some(first),
+            format!("only CPU {first} is allowed: client and server share it"),
+        ),
+        Pin::None => (
+            None,
+            None,
+            "not pinned (the scheduler places client and server)".into(),
+        ),
+    };
+    let (c, s, summary) = if mode == "remote" {
+        (
+            c,
+            None,
+            match c {
+                Some(c) => format!("client threads pinned to CPU {c}; server on the remote host"),
+                None => "client not pinned; server on the remote host".into(),
+            },
+        )
+    } else {
+        (c, s, summary)
+    };
+    Placement {
+        mode: mode.into(),
+        client_core: c,
+        server_core: s,
+        allowed_cpus: cpus,
+        summary: format!("{summary} ({} CPUs allowed)", sys::allowed_cpus().len()),
+    }
+}
+
+/// Starts a bench server for `transport` at `addr` on its own pinned thread; returns the
+/// address it listens on.
+fn spawn_server<T: Transport + Clone>(
+    transport: T,
+    addr: T::Addr,
+    core: Option<usize>,
+) -> Result<T::Addr, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("bench-server".into())
+        .spawn(move || {
+            if let Some(c) = core {
+                if let Err(e) = sys::pin_current_thread(c) {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            }
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let listener = match transport.listen(&addr).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("listen on {addr}: {e}")));
+                        return;
+                    }
+                };
+                let _ = tx.send(listener.local_addr().map_err(|e| e.to_string()));
+                let _ = proto::serve(listener).await;
+            });
+        })
+        .map_err(|e| e.to_string())?;
+    rx.recv()
+        .map_err(|_| "the server thread died".to_string())?
+}
+
+fn verbs_unavailable() -> String {
+    match transport_verbs::list_devices() {
+        Err(e) => e.to_string(),
+        Ok(devs) => format!(
+            "device {} found, but the verbs transport is not implemented yet",
+            devs.iter()
+                .map(|d| d.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+fn local(args: &RunArgs) -> Result<(), String> {
+    let started = Instant::now();
+    let place = placement(args.pin, "local");
+    let settings = args.settings(place.client_core);
+    let mut wanted = args.transports.clone();
+    wanted.dedup();
+    let measured = wanted
+        .iter()
+        .filter(|&&t| t != TransportName::Verbs)
+        .count() as u64;
+    let progress = args.progress(settings.jobs() * measured);
+    let mut transports = Vec::new();
+    let mut unavailable = Vec::new();
+    for t in wanted {
+        match t {
+            TransportName::Uds => {
+                let path = std::env::temp_dir().join(format!("bench-{}.sock", std::process::id()));
+                let uds = UdsTransport::default();
+                let addr = spawn_server(uds.clone(), UdsAddr(path.clone()), place.server_core)?;
+                let r = suite::run(&uds, &addr, &settings, &progress);
+                let _ = std::fs::remove_file(&path);
+                transports.push(r?);
+            }
+            TransportName::Tcp => {
+                let tcp = TcpTransport::default();
+                let addr = spawn_server(
+                    tcp.clone(),
+                    "127.0.0.1:0".parse().expect("valid"),
+                    place.server_core,
+                )?;
+                transports.push(suite::run(&tcp, &addr, &settings, &progress)?);
+            }
+            TransportName::Verbs => unavailable.push(Unavailable {
+                transport: "verbs".into(),
+                reason: verbs_unavailable(),
+            }),
+        }
+    }
+    progress.finish_and_clear();
+    finish(args, place, settings, transports, unavailable, started)
+}
+
+fn finish(
+    args: &RunArgs,
+    placement: Placement,
+    settings: Settings,
+    transports: Vec<suite::TransportReport>,
+    unavailable: Vec<Unavailable>,
+    started: Instant,
+) -> Result<(), String> {
+    let diagnosis = transports.iter().filter_map(report::diagnose).collect();
+    let report = Report {
+        version: env!("CARGO_PKG_VERSION"),
+        placement,
+        settings,
+        transports,
+        unavailable,
+        diagnosis,
+        wall_seconds: started.elapsed().as_secs_f64(),
+    };
+    if let Some(path) = &args.plot {
+        plot::write_svg(&report, path)?;
+    }
+    if args.json {
+        let s = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        println!("{s}");
+    } else {
+        print!("{}", report.render());
+        if let Some(path) = &args.plot {
+            println!("plot written to {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn server(a: &ServerArgs) -> Result<(), String> {
+    if let Some(c) = a.core {
+        sys::pin_current_thread(c)?;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let tcp = TcpTransport::default()
+            .listen(&a.listen)
+            .await
+            .map_err(|e| format!("listen on {}: {e}", a.listen))?;
+        eprintln!(
+            "bench server: tcp {} (raw and rpc); pinned: {}",
+            tcp.local_addr().map_err(|e| e.to_string())?,
+            a.core.map_or("no".to_string(), |c| format!("CPU {c}"))
+        );
+        let uds_task = match &a.uds {
+            Some(p) => {
+                let l = UdsTransport::default()
+                    .listen(&UdsAddr(p.clone()))
+                    .await
+                    .map_err(|e| format!("listen on {}: {e}", p.display()))?;
+                eprintln!("bench server: uds {}", p.display());
+                Some(tokio::spawn(proto::serve(l)))
+            }
+            None => None,
+        };
+        let r = proto::serve(tcp).await.map_err(|e| e.to_string());
+        if let Some(t) = uds_task {
+            t.abort();
+        }
+        r
+    })
+}
+
+fn resolve(host: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let with_port = if host.parse::<SocketAddr>().is_ok()
+        || host
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.contains(':') && p.parse::<u16>().is_ok())
+    {
+        host.to_string()
+    } else if host.contains(':') {
+        format!("[{host}]:{DEFAULT_PORT}")
+    } else {
+        format!("{host}:{DEFAULT_PORT}")
+    };
+    with_port
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve `{host}`: {e}"))?
+        .next()
+        .ok_or_else(|| format!("`{host}` resolves to no address"))
+}
+
+fn client(host: &str, args: &RunArgs) -> Result<(), String> {
+    let started = Instant::now();
+    let addr = resolve(host)?;
+    let place = placement(args.pin, "remote");
+    let settings = args.settings(place.client_core);
+    let progress = args.progress(settings.jobs());
+    let tcp = TcpTransport::default();
+    let r = suite::run(&tcp, &addr, &settings, &progress);
+    progress.finish_and_clear();
+    let r = r.map_err(|e| format!("{e} (is `bench server` running on {addr}?)"))?;
+    finish(args, place, settings, vec![r], Vec::new(), started)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(parse_size("1K"), Ok(1024));
+        assert_eq!(parse_size("1M"), Ok(1 << 20));
+        assert_eq!(parse_size("500000"), Ok(500_000));
+        assert!(parse_size("12x").is_err());
+        assert!(parse_size("17M").is_err());
+    }
+
+    #[test]
+    fn host_gets_the_default_port() {
+        assert_eq!(resolve("127.0.0.1").unwrap().port(), DEFAULT_PORT);
+        assert_eq!(resolve("127.0.0.1:7").unwrap().port(), 7);
+        assert_eq!(resolve("::1").unwrap().port(), DEFAULT_PORT);
+        assert_eq!(resolve("[::1]:9").unwrap().port(), 9);
+    }
+
+    #[test]
+    fn cli_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,492 @@
+//! One measurement: `threads` client threads, each with its own connection and its own
+//! single-threaded runtime, running one operation raw or through RPC.
+
+use crate::proto::{self, method, Presplit};
+use crate::sys;
+use bytes::Bytes;
+use futures_util::stream::{self, StreamExt};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+use transport_core::rpc::{ClientConfig, RpcClient};
+use transport_core::{
+    Connection, HeaderBytes, Message, MessageReceiver, MessageSender, MetricsSnapshot, Transport,
+};
+
+/// What is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    /// Latency: 1-byte raw ping-pong vs `void o()` RPC.
+    Ping,
+    /// Byte sequence to the server (raw: a stream into a sink; RPC: twoway calls).
+    Send,
+    /// Byte sequence to the server (raw: a stream into a sink; RPC: oneway calls).
+    Oneway,
+    /// Byte sequence from the server (raw: a stream from a source; RPC: returned by a call).
+    Recv,
+    /// Byte sequence there and back (raw: an echo stream; RPC: echo calls).
+    Echo,
+}
+
+impl Op {
+    /// Name used in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Ping => "ping",
+            Op::Send => "send",
+            Op::Oneway => "oneway",
+            Op::Recv => "recv",
+            Op::Echo => "echo",
+        }
+    }
+}
+
+/// Raw backend connection or RPC over it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layer {
+    /// The backend's `Connection`, no RPC.
+    Raw,
+    /// `RpcClient` over the same backend.
+    Rpc,
+}
+
+/// One measurement to run.
+#[derive(Debug, Clone, Copy)]
+pub struct Job {
+    /// Operation.
+    pub op: Op,
+    /// Raw or RPC.
+    pub layer: Layer,
+    /// Payload bytes per message or call (ping: 1 raw, 0 RPC).
+    pub size: usize,
+    /// Messages or calls in all (split between the threads).
+    pub count: u64,
+    /// Client threads, each with its own connection.
+    pub threads: usize,
+    /// RPC calls in flight per thread.
+    pub window: usize,
+    /// CPU each client thread is pinned to.
+    pub client_core: Option<usize>,
+}
+
+/// What one measurement saw.
+#[derive(Debug)]
+pub struct Outcome {
+    /// From the first thread's start to the last thread's end.
+    pub elapsed: Duration,
+    /// Calls or messages completed.
+    pub calls: u64,
+    /// Payload bytes moved (echo counts one direction: the sequence size per call).
+    pub payload_bytes: u64,
+    /// Round-trip times (ping only), in nanoseconds.
+    pub latency: Option<Histogram<u64>>,
+    /// Client-side connection counters over the measurement (all threads).
+    pub metrics: MetricsSnapshot,
+    /// CPU time (user + system) of this process over the measurement.
+    pub cpu: Duration,
+    /// Minor page faults of this process over the measurement (fresh memory being touched).
+    pub page_faults: u64,
+}
+
+impl Outcome {
+    /// Payload throughput in Mbit/s.
+    pub fn mbit_s(&self) -> f64 {
+        self.payload_bytes as f64 * 8.0 / self.elapsed.as_secs_f64() / 1e6
+    }
+    /// Calls (or messages) per second.
+    pub fn calls_s(&self) -> f64 {
+        self.calls as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+struct ThreadResult {
+    start: Instant,
+    end: Instant,
+    calls: u64,
+    bytes: u64,
+    hist: Option<Histogram<u64>>,
+    metrics: MetricsSnapshot,
+}
+
+/// Runs `job` against the bench server at `addr`.
+pub fn run<T>(transport: &T, addr: &T::Addr, job: Job) -> Result<Outcome, String>
+where
+    T: Transport + Clone,
+{
+    let threads = job.threads.max(1);
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let mut handles = Vec::with_capacity(threads);
+    for i in 0..threads {
+        let share = job.count / threads as u64 + u64::from((i as u64) < job.count % threads as u64);
+        let transport = transport.clone();
+        let addr = addr.clone();
+        let barrier = barrier.clone();
+        handles.push(std::thread::spawn(
+            move || -> Result<ThreadResult, String> {
+                if let Some(core) = job.client_core {
+                    sys::pin_current_thread(core)?;
+                }
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                rt.block_on(client_thread(&transport, &addr, job, share, &barrier))
+                    .map_err(|e| {
+                        format!("{} {}: {e}", job_name(&job), transport.capabilities().name)
+                    })
+            },
+        ));
+    }
+    barrier.wait();
+    let cpu0 = sys::cpu_time();
+    let mut results = Vec::with_capacity(threads);
+    let mut first_err = None;
+    for h in handles {
+        match h.join() {
+            Ok(Ok(r)) => results.push(r),
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(_) => {
+                first_err.get_or_insert_with(|| "a client thread panicked".to_string());
+            }
+        }
+    }
+    let (cpu1, faults1) = sys::cpu_time();
+    let cpu = cpu1.saturating_sub(cpu0.0);
+    let page_faults = faults1.saturating_sub(cpu0.1);
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let start = results.iter().map(|r| r.start).min().expect("threads >= 1");
+    let end = results.iter().map(|r| r.end).max().expect("threads >= 1");
+    let mut metrics = MetricsSnapshot::default();
+    let mut latency: Option<Histogram<u64>> = None;
+    let (mut calls, mut bytes) = (0, 0);
+    for r in results {
+        metrics.accumulate(&r.metrics);
+        calls += r.calls;
+        bytes += r.bytes;
+        if let Some(h) = r.hist {
+            match &mut latency {
+                Some(all) => all.add(&h).map_err(|e| e.to_string())?,
+                None => latency = Some(h),
+            }
+        }
+    }
+    Ok(Outcome {
+        elapsed: end
+            .saturating_duration_since(start)
+            .max(Duration::from_nanos(1)),
+        calls,
+        payload_bytes: bytes,
+        latency,
+        metrics,
+        cpu,
+        page_faults,
+    })
+}
+
+fn job_name(job: &Job) -> String {
+    format!(
+        "{} {:?} {} B x{}",
+        job.op.name(),
+        job.layer,
+        job.size,
+        job.threads
+    )
+}
+
+/// Warm-up operations before the clock starts (connection set up, buffers grown, caches hot).
+const WARMUP: u64 = 20;
+
+/// Waits at the start barrier exactly once, also when the thread fails before reaching it
+/// (otherwise the other threads and the coordinator would wait forever).
+struct Start<'a> {
+    barrier: &'a Barrier,
+    passed: bool,
+}
+
+impl Start<'_> {
+    fn wait(&mut self) {
+        if !self.passed {
+            self.passed = true;
+            self.barrier.wait();
+        }
+    }
+}
+
+impl Drop for Start<'_> {
+    fn drop(&mut self) {
+        self.wait();
+    }
+}
+
+async fn client_thread<T: Transport>(
+    transport: &T,
+    addr: &T::Addr,
+    job: Job,
+    count: u64,
+    barrier: &Barrier,
+) -> Result<ThreadResult, BoxError> {
+    let mut barrier = Start {
+        barrier,
+        passed: false,
+    };
+    let conn = transport.connect(addr).await?;
+    let metrics = conn.metrics();
+    let caps = conn.capabilities();
+    let peer = conn.peer();
+    let (mut tx, mut rx) = conn.split();
+    let payload = Bytes::from(vec![0xa5u8; job.size]);
+    let mode = match (job.layer, job.op) {
+        (Layer::Rpc, _) => proto::MODE_RPC,
+        (Layer::Raw, Op::Ping | Op::Echo) => proto::MODE_ECHO,
+        (Layer::Raw, Op::Send | Op::Oneway) => proto::MODE_SINK,
+        (Layer::Raw, Op::Recv) => proto::MODE_SOURCE,
+    };
+    tx.send(Message::new(
+        HeaderBytes::new(mode).expect("short"),
+        Bytes::new(),
+    ))
+    .await?;
+    let r = match job.layer {
+        Layer::Raw => {
+            raw_op(&mut tx, &mut rx, job, &payload, WARMUP).await?;
+            barrier.wait();
+            let m0 = metrics.snapshot();
+            let start = Instant::now();
+            let (bytes, hist) = raw_op(&mut tx, &mut rx, job, &payload, count).await?;
+            let end = Instant::now();
+            let _ = tx.close().await;
+            ThreadResult {
+                start,
+                end,
+                calls: count,
+                bytes,
+                hist,
+                metrics: metrics.snapshot() - m0,
+            }
+        }
+        Layer::Rpc => {
+            let conn = Presplit::new(tx, rx, caps, metrics.clone(), peer);
+            let client = RpcClient::new(
+                conn,
+                ClientConfig {
+                    max_in_flight: job.window.max(1),
+                    default_deadline: None,
+                },
+            );
+            rpc_op(&client, job, &payload, WARMUP).await?;
+            barrier.wait();
+            let m0 = metrics.snapshot();
+            let start = Instant::now();
+            let (bytes, hist) = rpc_op(&client, job, &payload, count).await?;
+            let end = Instant::now();
+            let snap = metrics.snapshot() - m0;
+            let _ = client.close().await;
+            ThreadResult {
+                start,
+                end,
+                calls: count,
+                bytes,
+                hist,
+                metrics: snap,
+            }
+        }
+    };
+    Ok(r)
+}
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
+}
+
+fn record(h: &mut Histogram<u64>, d: Duration) {
+    let _ = h.record(d.as_nanos().clamp(1, 60_000_000_000) as u64);
+}
+
+fn data(payload: &Bytes) -> Message {
+    Message::new(HeaderBytes::EMPTY, payload.clone())
+}
+
+async fn recv_one<R: MessageReceiver>(rx: &mut R) -> Result<Message, BoxError> {
+    rx.recv()
+        .await?
+        .ok_or_else(|| "server closed the connection".into())
+}
+
+/// Runs `count` raw operations; returns payload bytes moved and, for pings, the latencies.
+async fn raw_op<S: MessageSender, R: MessageReceiver>(
+    tx: &mut S,
+    rx: &mut R,
+    job: Job,
+    payload: &Bytes,
+    count: u64,
+) -> Result<(u64, Option<Histogram<u64>>), BoxError> {
+    match job.op {
+        Op::Ping => {
+            let one = Bytes::from_static(b"p");
+            let mut h = new_hist();
+            for _ in 0..count {
+                let t = Instant::now();
+                tx.send(data(&one)).await?;
+                let m = recv_one(rx).await?;
+                record(&mut h, t.elapsed());
+                if m.payload.len() != 1 {
+                    return Err("raw ping: wrong echo".into());
+                }
+            }
+            Ok((count, Some(h)))
+        }
+        Op::Send | Op::Oneway => {
+            for _ in 0..count {
+                tx.send(data(payload)).await?;
+            }
+            tx.send(Message::new(HeaderBytes::from(*b"end"), Bytes::new()))
+                .await?;
+            let ack = recv_one(rx).await?;
+            let got = <[u8; 8]>::try_from(&ack.payload[..])
+                .map(u64::from_le_bytes)
+                .map_err(|_| "raw sink: bad ack")?;
+            let want = count * job.size as u64;
+            if ack.header.as_slice() != proto::SINK_ACK || got != want {
+                return Err(format!("raw sink: server got {got} of {want} bytes").into());
+            }
+            Ok((want, None))
+        }
+        Op::Recv => {
+            let mut req = Vec::with_capacity(12);
+            req.extend_from_slice(&(job.size as u32).to_le_bytes());
+            req.extend_from_slice(&count.to_le_bytes());
+            tx.send(Message::new(
+                HeaderBytes::new(proto::SOURCE_REQ).expect("short"),
+                Bytes::from(req),
+            ))
+            .await?;
+            let mut bytes = 0;
+            for _ in 0..count {
+                bytes += recv_one(rx).await?.payload.len() as u64;
+            }
+            Ok((bytes, None))
+        }
+        Op::Echo => {
+            let send = async {
+                for _ in 0..count {
+                    tx.send(data(payload)).await?;
+                }
+                Ok::<_, BoxError>(())
+            };
+            let recv = async {
+                let mut bytes = 0;
+                for _ in 0..count {
+                    bytes += recv_one(rx).await?.payload.len() as u64;
+                }
+                Ok::<_, BoxError>(bytes)
+            };
+            let (s, r) = tokio::join!(send, recv);
+            s?;
+            Ok((r?, None))
+        }
+    }
+}
+
+/// Runs `count` RPC calls with up to `job.window` in flight.
+async fn rpc_op<S: MessageSender>(
+    client: &RpcClient<S>,
+    job: Job,
+    payload: &Bytes,
+    count: u64,
+) -> Result<(u64, Option<Histogram<u64>>), BoxError> {
+    match job.op {
+        Op::Ping => {
+            let mut h = new_hist();
+            for _ in 0..count {
+                let t = Instant::now();
+                client.call(method::PING, Bytes::new()).await?;
+                record(&mut h, t.elapsed());
+            }
+            Ok((0, Some(h)))
+        }
+        Op::Oneway => {
+            for _ in 0..count {
+                client.oneway(method::ONEWAY, payload.clone()).await?;
+            }
+            // Ordered connection: the answer to this call means every oneway was read.
+            client.call(method::PING, Bytes::new()).await?;
+            Ok((count * job.size as u64, None))
+        }
+        Op::Send | Op::Recv | Op::Echo => {
+            let (m, arg) = match job.op {
+                Op::Send => (method::SEND, payload.clone()),
+                Op::Echo => (method::ECHO, payload.clone()),
+                _ => (
+                    method::RECV,
+                    Bytes::copy_from_slice(&(job.size as u32).to_le_bytes()),
+                ),
+            };
+            let want = if job.op == Op::Send { 0 } else { job.size };
+            let mut calls = stream::iter(0..count)
+                .map(|_| client.call(m, arg.clone()))
+                .buffer_unordered(job.window.max(1));
+            while let Some(r) = calls.next().await {
+                let reply = r?;
+                if reply.len() != want {
+                    return Err(
+                        format!("rpc {}: reply of {} bytes", job.op.name(), reply.len()).into(),
+                    );
+                }
+            }
+            Ok((count * job.size as u64, None))
+        }
+    }
+}
+
+/// Per-call (per-message) figures derived from a measurement's counters.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct CostFigures {
+    /// Payload bytes copied in user space per payload byte moved.
+    pub copies_per_byte: f64,
+    /// System calls (or doorbells) per call / message, client side.
+    pub syscalls_per_call: f64,
+    /// Memory registrations per call.
+    pub registrations_per_call: f64,
+    /// Mean RPC calls in flight when a call started (raw: 0).
+    pub mean_in_flight: f64,
+    /// CPU milliseconds (whole process: client and, in local mode, server) per GB of payload.
+    pub cpu_ms_per_gb: f64,
+    /// CPU microseconds per call.
+    pub cpu_us_per_call: f64,
+    /// Minor page faults (whole process) per call: buffers allocated fresh instead of reused.
+    pub page_faults_per_call: f64,
+}
+
+impl CostFigures {
+    /// Derives the figures from an outcome.
+    pub fn of(o: &Outcome) -> CostFigures {
+        let calls = o.calls.max(1) as f64;
+        let m = &o.metrics;
+        CostFigures {
+            copies_per_byte: if o.payload_bytes == 0 {
+                0.0
+            } else {
+                m.payload_bytes_copied as f64 / o.payload_bytes as f64
+            },
+            syscalls_per_call: (m.syscalls + m.doorbells) as f64 / calls,
+            registrations_per_call: m.registrations as f64 / calls,
+            mean_in_flight: m.mean_in_flight(),
+            cpu_ms_per_gb: if o.payload_bytes == 0 {
+                0.0
+            } else {
+                o.cpu.as_secs_f64() * 1e3 / (o.payload_bytes as f64 / 1e9)
+            },
+            cpu_us_per_call: o.cpu.as_secs_f64() * 1e6 / calls,
+            page_faults_per_call: o.page_faults as f64 / calls,
+        }
+    }
+}

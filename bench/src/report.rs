@@ -1,0 +1,381 @@
+//! The report: terminal tables, the diagnosis, JSON.
+
+use crate::suite::{Cell, Settings, Stat, TransportReport};
+use serde::Serialize;
+use std::fmt::Write as _;
+
+/// Where the client and server ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct Placement {
+    /// `local` (both in this process) or `remote` (client of `bench server` on another host).
+    pub mode: String,
+    /// CPU the client threads were pinned to.
+    pub client_core: Option<usize>,
+    /// CPU the server ran on (local mode, pinned), if known.
+    pub server_core: Option<usize>,
+    /// CPUs this process may use.
+    pub allowed_cpus: Vec<usize>,
+    /// Human-readable summary.
+    pub summary: String,
+}
+
+/// A transport that was not measured, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Unavailable {
+    /// Backend name.
+    pub transport: String,
+    /// Why it was skipped.
+    pub reason: String,
+}
+
+/// The diagnosis of one transport.
+#[derive(Debug, Clone, Serialize)]
+pub struct Diagnosis {
+    /// Backend name.
+    pub transport: String,
+    /// The cell the figures come from (largest size of the `send` cells, fewest threads).
+    pub basis: String,
+    /// RPC payload bytes copied per payload byte.
+    pub copies_per_byte: f64,
+    /// RPC system calls or doorbells per call (client side).
+    pub syscalls_per_call: f64,
+    /// Raw system calls or doorbells per message (client side).
+    pub raw_syscalls_per_call: f64,
+    /// RPC memory registrations per call.
+    pub registrations_per_call: f64,
+    /// Mean RPC calls in flight.
+    pub mean_in_flight: f64,
+    /// RPC CPU ms per GB (whole process).
+    pub cpu_ms_per_gb: f64,
+    /// Raw CPU ms per GB (whole process).
+    pub raw_cpu_ms_per_gb: f64,
+    /// RPC CPU µs per ping vs raw, from the latency row.
+    pub ping_cpu_us: (f64, f64),
+    /// The largest cost, in one sentence.
+    pub verdict: String,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Tool version.
+    pub version: &'static str,
+    /// Placement of client and server.
+    pub placement: Placement,
+    /// What was measured.
+    pub settings: Settings,
+    /// Per-transport results.
+    pub transports: Vec<TransportReport>,
+    /// Transports not measured.
+    pub unavailable: Vec<Unavailable>,
+    /// Per-transport diagnosis.
+    pub diagnosis: Vec<Diagnosis>,
+    /// Wall time of the whole run, seconds.
+    pub wall_seconds: f64,
+}
+
+/// Formats a byte count the way the issue names sizes (1 KB = 1024 B; 500000 B stays exact).
+pub fn size_label(n: usize) -> String {
+    if n >= 1 << 20 && n % (1 << 20) == 0 {
+        format!("{} MB", n >> 20)
+    } else if n >= 1024 && n % 1024 == 0 {
+        format!("{} KB", n >> 10)
+    } else {
+        format!("{n} B")
+    }
+}
+
+fn num(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn stat(s: &Stat) -> String {
+    format!("{} ({}-{})", num(s.median), num(s.min), num(s.max))
+}
+
+/// A table with a header row, columns right-aligned except the first `left` ones.
+struct Table {
+    rows: Vec<Vec<String>>,
+    left: usize,
+}
+
+impl Table {
+    fn new(header: &[&str], left: usize) -> Table {
+        Table {
+            rows: vec![header.iter().map(|s| s.to_string()).collect()],
+            left,
+        }
+    }
+    fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+    fn render(&self, out: &mut String) {
+        let cols = self.rows.iter().map(Vec::len).max().unwrap_or(0);
+        let widths: Vec<usize> = (0..cols)
+            .map(|c| {
+                self.rows
+                    .iter()
+                    .filter_map(|r| r.get(c))
+                    .map(|s| s.chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        for r in &self.rows {
+            let mut line = String::from("  ");
+            for (c, cell) in r.iter().enumerate() {
+                let pad = widths[c] - cell.chars().count();
+                if c < self.left {
+                    line.push_str(cell);
+                    line.push_str(&" ".repeat(pad));
+                } else {
+                    line.push_str(&" ".repeat(pad));
+                    line.push_str(cell);
+                }
+                line.push_str("  ");
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+    }
+}
+
+/// Builds the diagnosis of one transport from its cells and its ping row.
+pub fn diagnose(t: &TransportReport) -> Option<Diagnosis> {
+    let threads = t.cells.iter().map(|c| c.threads).min()?;
+    let basis: &Cell = t
+        .cells
+        .iter()
+        .filter(|c| c.threads == threads && c.op == crate::measure::Op::Send)
+        .max_by_key(|c| c.size)
+        .or_else(|| t.cells.iter().max_by_key(|c| c.size))?;
+    let rpc = &basis.rpc.costs;
+    let raw = &basis.raw.costs;
+    let mut d = Diagnosis {
+        transport: t.transport.clone(),
+        basis: format!(
+            "{} {} x {} thread(s)",
+            basis.op.name(),
+            size_label(basis.size),
+            basis.threads
+        ),
+        copies_per_byte: rpc.copies_per_byte,
+        syscalls_per_call: rpc.syscalls_per_call,
+        raw_syscalls_per_call: raw.syscalls_per_call,
+        registrations_per_call: rpc.registrations_per_call,
+        mean_in_flight: rpc.mean_in_flight,
+        cpu_ms_per_gb: rpc.cpu_ms_per_gb,
+        raw_cpu_ms_per_gb: raw.cpu_ms_per_gb,
+        ping_cpu_us: (
+            t.ping.rpc.costs.cpu_us_per_call,
+            t.ping.raw.costs.cpu_us_per_call,
+        ),
+        verdict: String::new(),
+    };
+    d.verdict = verdict(&d, basis.utilization, t.ping.latency_ratio);
+    Some(d)
+}
+
+fn verdict(d: &Diagnosis, util: f64, ping_ratio: f64) -> String {
+    // Each candidate: (estimated share of the gap, sentence).
+    let mut candidates: Vec<(f64, String)> = Vec::new();
+    if d.copies_per_byte > 0.05 {
+        candidates.push((
+            d.copies_per_byte,
+            format!(
+                "payload copies: {:.2} bytes copied in user space per byte sent",
+                d.copies_per_byte
+            ),
+        ));
+    }
+    if d.registrations_per_call > 0.01 {
+        candidates.push((
+            d.registrations_per_call,
+            format!(
+                "memory registration on the call path: {:.2} registrations per call",
+                d.registrations_per_call
+            ),
+        ));
+    }
+    if d.mean_in_flight < 1.5 && util < 0.95 {
+        candidates.push((
+            1.0 - util,
+            format!(
+                "too few calls in flight (mean {:.1}): every call waits a full round trip; raise --window",
+                d.mean_in_flight
+            ),
+        ));
+    }
+    if d.raw_syscalls_per_call > 0.0 && d.syscalls_per_call > 1.2 * d.raw_syscalls_per_call {
+        candidates.push((
+            (d.syscalls_per_call / d.raw_syscalls_per_call - 1.0) * 0.5,
+            format!(
+                "system calls: {:.2} per call against {:.2} per raw message",
+                d.syscalls_per_call, d.raw_syscalls_per_call
+            ),
+        ));
+    }
+    if d.raw_cpu_ms_per_gb > 0.0 && d.cpu_ms_per_gb > 1.05 * d.raw_cpu_ms_per_gb {
+        candidates.push((
+            d.cpu_ms_per_gb / d.raw_cpu_ms_per_gb - 1.0,
+            format!(
+                "CPU in the RPC layer: {:.0} ms per GB against {:.0} ms raw (+{:.0}%)",
+                d.cpu_ms_per_gb,
+                d.raw_cpu_ms_per_gb,
+                (d.cpu_ms_per_gb / d.raw_cpu_ms_per_gb - 1.0) * 100.0
+            ),
+        ));
+    }
+    let (rpc_cpu, raw_cpu) = d.ping_cpu_us;
+    if ping_ratio > 1.15 && raw_cpu > 0.0 {
+        candidates.push((
+            ping_ratio - 1.0,
+            format!(
+                "per-call overhead of the RPC layer: a ping costs {rpc_cpu:.1} µs of CPU against {raw_cpu:.1} µs raw ({ping_ratio:.2}x the raw latency)"
+            ),
+        ));
+    }
+    candidates.sort_by(|a, b| b.0.total_cmp(&a.0));
+    match candidates.into_iter().next() {
+        Some((_, s)) if util < 0.95 || ping_ratio > 1.15 => {
+            format!("{}: the largest cost is {s}.", d.transport)
+        }
+        Some((_, s)) => format!(
+            "{}: RPC is at {:.0}% of raw throughput and {ping_ratio:.2}x raw latency; what remains is mostly {s}.",
+            d.transport,
+            util * 100.0
+        ),
+        None => format!(
+            "{}: no measurable cost above raw: RPC is at {:.0}% of raw throughput and {ping_ratio:.2}x raw latency.",
+            d.transport,
+            util * 100.0
+        ),
+    }
+}
+
+impl Report {
+    /// The terminal rendering.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "bench {}: raw backend connection vs RPC over it ({} mode)",
+            self.version, self.placement.mode
+        );
+        let _ = writeln!(out, "placement: {}", self.placement.summary);
+        let _ = writeln!(
+            out,
+            "runs: {} per figure, shown as median (min-max); RPC window: {} calls in flight per client thread",
+            self.settings.repeat, self.settings.window
+        );
+        out.push('\n');
+        out.push_str(
+            "Latency: raw = 1-byte ping-pong on the backend connection, rpc = `void o()` call\n",
+        );
+        let mut t = Table::new(
+            &[
+                "transport",
+                "raw µs/rt",
+                "raw p50/p99 µs",
+                "rpc µs/call",
+                "rpc p50/p99 µs",
+                "rpc calls/s",
+                "rpc/raw",
+            ],
+            1,
+        );
+        for r in &self.transports {
+            let p = &r.ping;
+            t.row(vec![
+                r.transport.clone(),
+                stat(&p.raw.us_per_call),
+                format!("{} / {}", num(p.raw.p50_us), num(p.raw.p99_us)),
+                stat(&p.rpc.us_per_call),
+                format!("{} / {}", num(p.rpc.p50_us), num(p.rpc.p99_us)),
+                format!("{:.0}", p.rpc.calls_s.median),
+                format!("{:.2}x", p.latency_ratio),
+            ]);
+        }
+        t.render(&mut out);
+        for u in &self.unavailable {
+            let _ = writeln!(out, "  {:<9}  not available: {}", u.transport, u.reason);
+        }
+        out.push('\n');
+        out.push_str("Throughput in Mbit/s of payload: raw = message stream on the backend connection (send/oneway: into a sink, recv: from a source, echo: echoed stream); util = rpc / raw\n");
+        let mut t = Table::new(
+            &[
+                "transport",
+                "op",
+                "size",
+                "threads",
+                "raw Mbit/s",
+                "rpc Mbit/s",
+                "rpc calls/s",
+                "util",
+            ],
+            2,
+        );
+        for r in &self.transports {
+            for c in &r.cells {
+                t.row(vec![
+                    r.transport.clone(),
+                    c.op.name().to_string(),
+                    size_label(c.size),
+                    c.threads.to_string(),
+                    stat(&c.raw.mbit_s),
+                    stat(&c.rpc.mbit_s),
+                    format!("{:.0}", c.rpc.calls_s.median),
+                    format!("{:.0}%", c.utilization * 100.0),
+                ]);
+            }
+        }
+        t.render(&mut out);
+        for u in &self.unavailable {
+            let _ = writeln!(out, "  {:<9}  not available: {}", u.transport, u.reason);
+        }
+        if !self.diagnosis.is_empty() {
+            out.push('\n');
+            out.push_str("Diagnosis (client-side counters; CPU is the whole process)\n");
+            let mut t = Table::new(
+                &[
+                    "transport",
+                    "basis",
+                    "copies B/B",
+                    "syscalls/call rpc (raw)",
+                    "regs/call",
+                    "mean in flight",
+                    "CPU ms/GB rpc (raw)",
+                    "CPU µs/ping rpc (raw)",
+                ],
+                2,
+            );
+            for d in &self.diagnosis {
+                t.row(vec![
+                    d.transport.clone(),
+                    d.basis.clone(),
+                    format!("{:.2}", d.copies_per_byte),
+                    format!(
+                        "{:.2} ({:.2})",
+                        d.syscalls_per_call, d.raw_syscalls_per_call
+                    ),
+                    format!("{:.2}", d.registrations_per_call),
+                    format!("{:.1}", d.mean_in_flight),
+                    format!("{:.0} ({:.0})", d.cpu_ms_per_gb, d.raw_cpu_ms_per_gb),
+                    format!("{:.1} ({:.1})", d.ping_cpu_us.0, d.ping_cpu_us.1),
+                ]);
+            }
+            t.render(&mut out);
+            for d in &self.diagnosis {
+                let _ = writeln!(out, "  {}", d.verdict);
+            }
+        }
+        let _ = writeln!(out, "\n(total {:.1} s)", self.wall_seconds);
+        out
+    }
+}

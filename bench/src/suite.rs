@@ -1,0 +1,320 @@
+//! A whole comparison on one transport: pings, then every (threads, size, op) cell, raw and
+//! RPC interleaved, repeated; then the statistics.
+
+use crate::measure::{self, CostFigures, Job, Layer, Op, Outcome};
+use indicatif::ProgressBar;
+use serde::Serialize;
+use std::collections::HashMap;
+use transport_core::Transport;
+
+/// What to measure.
+#[derive(Debug, Clone, Serialize)]
+pub struct Settings {
+    /// Payload sizes in bytes.
+    pub sizes: Vec<usize>,
+    /// Client thread counts.
+    pub threads: Vec<usize>,
+    /// Byte-sequence operations.
+    pub ops: Vec<Op>,
+    /// Round trips for the latency row (raw and RPC each), split over the repetitions.
+    pub pings: u64,
+    /// Repetitions of every measurement.
+    pub repeat: usize,
+    /// Payload bytes per throughput measurement (bounded by `min_calls` / `max_calls`).
+    pub bytes_per_run: u64,
+    /// Fewest calls per throughput measurement.
+    pub min_calls: u64,
+    /// Most calls per throughput measurement.
+    pub max_calls: u64,
+    /// RPC calls in flight per client thread.
+    pub window: usize,
+    /// CPU the client threads are pinned to.
+    pub client_core: Option<usize>,
+}
+
+impl Settings {
+    /// Calls per throughput measurement for `size`.
+    pub fn calls_for(&self, size: usize) -> u64 {
+        (self.bytes_per_run / size.max(1) as u64).clamp(self.min_calls, self.max_calls)
+    }
+
+    /// Number of measurements the suite runs on one transport (for the progress bar).
+    pub fn jobs(&self) -> u64 {
+        let raw_ops = self.raw_ops().len();
+        let per_rep = self.threads.len() * self.sizes.len() * (self.ops.len() + raw_ops);
+        ((per_rep + 2) * self.repeat) as u64
+    }
+
+    fn raw_ops(&self) -> Vec<Op> {
+        let mut v: Vec<Op> = self.ops.iter().map(|&o| raw_twin(o)).collect();
+        v.dedup();
+        v.sort_by_key(|o| o.name());
+        v.dedup();
+        v
+    }
+}
+
+/// The raw measurement an RPC operation is compared with.
+pub fn raw_twin(op: Op) -> Op {
+    match op {
+        Op::Oneway => Op::Send,
+        o => o,
+    }
+}
+
+/// min / median / max of repeated runs.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Stat {
+    /// Smallest.
+    pub min: f64,
+    /// Median.
+    pub median: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Stat {
+    /// Statistics of `v` (empty: zeros).
+    pub fn of(mut v: Vec<f64>) -> Stat {
+        if v.is_empty() {
+            return Stat::default();
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Stat {
+            min: v[0],
+            median,
+            max: v[n - 1],
+        }
+    }
+}
+
+/// Throughput figures of one side of a cell.
+#[derive(Debug, Clone, Serialize)]
+pub struct Figures {
+    /// Payload Mbit/s.
+    pub mbit_s: Stat,
+    /// Calls (messages) per second.
+    pub calls_s: Stat,
+    /// Calls per run.
+    pub calls: u64,
+    /// Costs, from the counters summed over the runs.
+    pub costs: CostFigures,
+}
+
+/// Latency figures of one side of the ping row.
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    /// Mean µs per round trip, per run.
+    pub us_per_call: Stat,
+    /// Round trips per second, per run.
+    pub calls_s: Stat,
+    /// Median round trip over all runs, µs.
+    pub p50_us: f64,
+    /// 99th percentile round trip over all runs, µs.
+    pub p99_us: f64,
+    /// Round trips in all.
+    pub calls: u64,
+    /// Costs, from the counters summed over the runs.
+    pub costs: CostFigures,
+}
+
+/// Raw ping-pong vs RPC `void o()`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PingRow {
+    /// 1-byte messages echoed through the backend connection.
+    pub raw: Latency,
+    /// `void o()` calls.
+    pub rpc: Latency,
+    /// Median RPC latency / median raw latency.
+    pub latency_ratio: f64,
+}
+
+/// One throughput cell.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    /// The RPC operation.
+    pub op: Op,
+    /// The raw measurement it is compared with.
+    pub raw_op: Op,
+    /// Payload bytes per call.
+    pub size: usize,
+    /// Client threads.
+    pub threads: usize,
+    /// Raw figures.
+    pub raw: Figures,
+    /// RPC figures.
+    pub rpc: Figures,
+    /// Median RPC Mbit/s / median raw Mbit/s.
+    pub utilization: f64,
+}
+
+/// Everything measured on one transport.
+#[derive(Debug, Clone, Serialize)]
+pub struct TransportReport {
+    /// Backend name.
+    pub transport: String,
+    /// The latency row.
+    pub ping: PingRow,
+    /// Throughput cells.
+    pub cells: Vec<Cell>,
+}
+
+fn sum_outcomes(runs: &[Outcome]) -> CostFigures {
+    let mut total = Outcome {
+        elapsed: std::time::Duration::ZERO,
+        calls: 0,
+        payload_bytes: 0,
+        latency: None,
+        metrics: Default::default(),
+        cpu: std::time::Duration::ZERO,
+        page_faults: 0,
+    };
+    for r in runs {
+        total.calls += r.calls;
+        total.payload_bytes += r.payload_bytes;
+        total.metrics.accumulate(&r.metrics);
+        total.cpu += r.cpu;
+        total.page_faults += r.page_faults;
+    }
+    CostFigures::of(&total)
+}
+
+fn figures(runs: &[Outcome]) -> Figures {
+    Figures {
+        mbit_s: Stat::of(runs.iter().map(Outcome::mbit_s).collect()),
+        calls_s: Stat::of(runs.iter().map(Outcome::calls_s).collect()),
+        calls: runs.first().map_or(0, |r| r.calls),
+        costs: sum_outcomes(runs),
+    }
+}
+
+fn latency(runs: &[Outcome]) -> Result<Latency, String> {
+    let mut all: Option<hdrhistogram::Histogram<u64>> = None;
+    for r in runs {
+        if let Some(h) = &r.latency {
+            match &mut all {
+                Some(a) => a.add(h).map_err(|e| e.to_string())?,
+                None => all = Some(h.clone()),
+            }
+        }
+    }
+    let all = all.ok_or("no latency samples")?;
+    Ok(Latency {
+        us_per_call: Stat::of(
+            runs.iter()
+                .map(|r| r.elapsed.as_secs_f64() * 1e6 / r.calls.max(1) as f64)
+                .collect(),
+        ),
+        calls_s: Stat::of(runs.iter().map(Outcome::calls_s).collect()),
+        p50_us: all.value_at_quantile(0.5) as f64 / 1e3,
+        p99_us: all.value_at_quantile(0.99) as f64 / 1e3,
+        calls: runs.iter().map(|r| r.calls).sum(),
+        costs: sum_outcomes(runs),
+    })
+}
+
+/// Runs the suite against the bench server at `addr`.
+pub fn run<T: Transport + Clone>(
+    transport: &T,
+    addr: &T::Addr,
+    s: &Settings,
+    progress: &ProgressBar,
+) -> Result<TransportReport, String> {
+    let name = transport.capabilities().name.to_string();
+    let job = |op, layer, size, count, threads| Job {
+        op,
+        layer,
+        size,
+        count,
+        threads,
+        window: s.window,
+        client_core: s.client_core,
+    };
+    let repeat = s.repeat.max(1);
+    let pings_per_run = (s.pings / repeat as u64).max(1);
+    let mut ping_raw = Vec::new();
+    let mut ping_rpc = Vec::new();
+    // (layer, op, size, threads) -> runs
+    let mut runs: HashMap<(Layer, Op, usize, usize), Vec<Outcome>> = HashMap::new();
+    let raw_ops = s.raw_ops();
+    for rep in 0..repeat {
+        progress.set_message(format!("{name}: ping, run {}/{repeat}", rep + 1));
+        ping_raw.push(measure::run(
+            transport,
+            addr,
+            job(Op::Ping, Layer::Raw, 1, pings_per_run, 1),
+        )?);
+        progress.inc(1);
+        ping_rpc.push(measure::run(
+            transport,
+            addr,
+            job(Op::Ping, Layer::Rpc, 0, pings_per_run, 1),
+        )?);
+        progress.inc(1);
+        for &threads in &s.threads {
+            for &size in &s.sizes {
+                let count = s.calls_for(size).max(threads as u64);
+                progress.set_message(format!(
+                    "{name}: {size} B x {threads} thread(s), run {}/{repeat}",
+                    rep + 1
+                ));
+                for &op in &raw_ops {
+                    let o =
+                        measure::run(transport, addr, job(op, Layer::Raw, size, count, threads))?;
+                    runs.entry((Layer::Raw, op, size, threads))
+                        .or_default()
+                        .push(o);
+                    progress.inc(1);
+                    for &rpc_op in s.ops.iter().filter(|&&r| raw_twin(r) == op) {
+                        let o = measure::run(
+                            transport,
+                            addr,
+                            job(rpc_op, Layer::Rpc, size, count, threads),
+                        )?;
+                        runs.entry((Layer::Rpc, rpc_op, size, threads))
+                            .or_default()
+                            .push(o);
+                        progress.inc(1);
+                    }
+                }
+            }
+        }
+    }
+    let raw = latency(&ping_raw)?;
+    let rpc = latency(&ping_rpc)?;
+    let ping = PingRow {
+        latency_ratio: rpc.us_per_call.median / raw.us_per_call.median.max(1e-9),
+        raw,
+        rpc,
+    };
+    let mut cells = Vec::new();
+    for &threads in &s.threads {
+        for &op in &s.ops {
+            for &size in &s.sizes {
+                let raw_op = raw_twin(op);
+                let raw = figures(&runs[&(Layer::Raw, raw_op, size, threads)]);
+                let rpc = figures(&runs[&(Layer::Rpc, op, size, threads)]);
+                cells.push(Cell {
+                    op,
+                    raw_op,
+                    size,
+                    threads,
+                    utilization: rpc.mbit_s.median / raw.mbit_s.median.max(1e-9),
+                    raw,
+                    rpc,
+                });
+            }
+        }
+    }
+    Ok(TransportReport {
+        transport: name,
+        ping,
+        cells,
+    })
+}

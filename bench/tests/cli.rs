@@ -1,0 +1,239 @@
+//! The `bench` command line as a user runs it: argument errors, JSON output, the SVG plot,
+//! the doctor. No timing is asserted: only shape and consistency.
+
+use std::process::{Command, Output};
+
+fn bench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(args)
+        .output()
+        .expect("run bench")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Tiny settings: a run takes well under a second even in a debug build.
+const TINY: &[&str] = &[
+    "--pings",
+    "40",
+    "--repeat",
+    "2",
+    "--sizes",
+    "1K,64K",
+    "--ops",
+    "send,echo",
+    "--bytes",
+    "256K",
+    "--no-progress",
+];
+
+#[test]
+fn bad_arguments_are_named() {
+    let o = bench(&["--sizes", "12x"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("`12x` is not a size"), "{}", stderr(&o));
+
+    let o = bench(&["--sizes", "32M"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("largest supported size"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = bench(&["--pin", "sideways"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("possible values: same, split, none"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = bench(&["client"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("<HOST>"), "{}", stderr(&o));
+
+    let o = bench(&["--repeat", "0"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--repeat"), "{}", stderr(&o));
+}
+
+#[test]
+fn unreachable_server_is_a_clear_error() {
+    // Port 1 on loopback: nobody listens, the connection is refused at once.
+    let mut args = vec!["client", "127.0.0.1:1"];
+    args.extend_from_slice(TINY);
+    let o = bench(&args);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("is `bench server` running on 127.0.0.1:1?"),
+        "{e}"
+    );
+}
+
+#[test]
+fn json_report_and_svg_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("plot.svg");
+    let mut args = vec![
+        "--json",
+        "--plot",
+        svg.to_str().unwrap(),
+        "--transports",
+        "uds,tcp,verbs",
+    ];
+    args.extend_from_slice(TINY);
+    let o = bench(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is JSON");
+
+    let transports = v["transports"].as_array().unwrap();
+    let names: Vec<_> = transports
+        .iter()
+        .map(|t| t["transport"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["uds", "tcp"]);
+    for t in transports {
+        assert_eq!(t["ping"]["raw"]["calls"], 40);
+        assert_eq!(t["ping"]["rpc"]["calls"], 40);
+        let cells = t["cells"].as_array().unwrap();
+        // 2 ops x 2 sizes x 1 thread count.
+        assert_eq!(cells.len(), 4);
+        for c in cells {
+            for side in ["raw", "rpc"] {
+                let m = &c[side]["mbit_s"];
+                let (min, med, max) = (
+                    m["min"].as_f64().unwrap(),
+                    m["median"].as_f64().unwrap(),
+                    m["max"].as_f64().unwrap(),
+                );
+                assert!(min > 0.0 && min <= med && med <= max, "{c}");
+            }
+            let u = c["utilization"].as_f64().unwrap();
+            let expect = c["rpc"]["mbit_s"]["median"].as_f64().unwrap()
+                / c["raw"]["mbit_s"]["median"].as_f64().unwrap();
+            assert!((u - expect).abs() < 1e-9);
+            // Socket backends never register memory; both send payloads without a copy.
+            assert_eq!(c["rpc"]["costs"]["registrations_per_call"], 0.0);
+        }
+    }
+    // verbs: on a machine without RDMA it is listed with the reason.
+    let unavailable = v["unavailable"].as_array().unwrap();
+    if let Some(u) = unavailable.first() {
+        assert_eq!(u["transport"], "verbs");
+        assert!(!u["reason"].as_str().unwrap().is_empty());
+    }
+    let diag = v["diagnosis"].as_array().unwrap();
+    assert_eq!(diag.len(), 2);
+    for d in diag {
+        assert!(d["verdict"]
+            .as_str()
+            .unwrap()
+            .starts_with(d["transport"].as_str().unwrap()));
+    }
+    assert!(v["placement"]["summary"].as_str().unwrap().contains("CPU"));
+
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let doc = roxmltree::Document::parse(&text).expect("the plot is well-formed XML");
+    let root = doc.root_element();
+    assert_eq!(root.tag_name().name(), "svg");
+    // One line per transport and layer, and the legend names them.
+    assert!(
+        text.contains("uds raw") && text.contains("tcp rpc send"),
+        "legend missing"
+    );
+    assert!(
+        doc.descendants()
+            .filter(|n| n.tag_name().name() == "polyline" || n.tag_name().name() == "path")
+            .count()
+            >= 4
+    );
+}
+
+#[test]
+fn table_output_names_units_and_sections() {
+    let mut args = vec!["--transports", "uds"];
+    args.extend_from_slice(TINY);
+    let o = bench(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    for want in [
+        "raw µs/rt",
+        "rpc µs/call",
+        "raw Mbit/s",
+        "rpc Mbit/s",
+        "util",
+        "Diagnosis",
+        "placement:",
+        "64 KB",
+    ] {
+        assert!(out.contains(want), "missing `{want}` in:\n{out}");
+    }
+    assert!(out.contains("uds: "), "a verdict line for uds:\n{out}");
+}
+
+#[test]
+fn doctor_reports_and_json_parses() {
+    let o = bench(&["doctor"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        out.contains("memlock") && out.contains("net.core.rmem_max"),
+        "{out}"
+    );
+    let o = bench(&["doctor", "--json"]);
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let checks: Vec<_> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["check"].as_str().unwrap().to_string())
+        .collect();
+    assert!(checks.iter().any(|c| c == "memlock"), "{checks:?}");
+    assert!(
+        checks.iter().any(|c| c == "net.ipv4.tcp_window_scaling"),
+        "{checks:?}"
+    );
+}
+
+#[test]
+fn server_and_client_across_a_socket() {
+    // Two-host mode, on loopback: `bench server` in one process, `bench client` in another.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(["server", "--listen", &listen])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait (bounded) until it accepts.
+    let mut up = false;
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(&listen).is_ok() {
+            up = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let result = up.then(|| {
+        let mut args = vec!["client", listen.as_str(), "--json"];
+        args.extend_from_slice(TINY);
+        bench(&args)
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+    let o = result.expect("bench server did not start listening");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["placement"]["mode"], "remote");
+    assert_eq!(v["transports"][0]["transport"], "tcp");
+    assert_eq!(v["transports"][0]["cells"].as_array().unwrap().len(), 4);
+}
