@@ -293,8 +293,13 @@ impl Driver {
         let mut linger: Option<tokio::time::Instant> = None;
         loop {
             if self.failed.is_none() {
-                if let Err(f) = self.progress() {
-                    self.fail(f);
+                match self.progress() {
+                    // Work still moving (e.g. the peer still reading a rendezvous payload and
+                    // sending FINs): the linger period counts from the last progress, as a
+                    // closed TCP socket keeps delivering queued data in the background.
+                    Ok(n) if n > 0 => linger = None,
+                    Ok(_) => {}
+                    Err(f) => self.fail(f),
                 }
             }
             if self.failed.is_some() || self.peer_disconnected {
@@ -445,12 +450,15 @@ impl Driver {
     }
 
     /// Drains the CQ and posts what can be posted, until nothing changes.
-    fn progress(&mut self) -> Result<(), Fail> {
+    /// Returns the completions seen.
+    fn progress(&mut self) -> Result<usize, Fail> {
+        let mut total = 0;
         loop {
             let n = self.poll_round()?;
             if n == 0 {
-                return Ok(());
+                return Ok(total);
             }
+            total += n;
         }
     }
 

@@ -60,7 +60,9 @@
 //!   `busy_poll` spins on the CQ instead. The CQ is sized for every work request that can be
 //!   outstanding (send queue + receive queue), so it cannot overflow.
 //! - **Teardown.** `close()` sends CLOSE (the peer's receiver sees a clean end); dropping both
-//!   halves waits for outstanding work (at most `linger`) and disconnects. A peer that vanishes
+//!   halves keeps the connection alive in the background while outstanding work (a peer still
+//!   reading a rendezvous payload) makes progress, gives up after `linger` without a completion,
+//!   and disconnects. A peer that vanishes
 //!   (rdma_cm DISCONNECTED), a QP in the error state or a failed completion fail every pending
 //!   and later call with a typed error naming the cause.
 //!
@@ -161,7 +163,9 @@ pub struct VerbsConfig {
     pub busy_poll: bool,
     /// Time limit of each connection-setup step.
     pub connect_timeout: Duration,
-    /// How long a dropped connection waits for outstanding work before disconnecting.
+    /// How long a dropped connection waits, without any completion, for outstanding work (the
+    /// peer still reading a rendezvous payload) before disconnecting. Every completion restarts
+    /// the wait; a peer that disconnects or fails ends it at once.
     pub linger: Duration,
     /// Listen backlog.
     pub backlog: i32,
@@ -181,7 +185,7 @@ impl Default for VerbsConfig {
             pool_keep_bytes: 64 << 20,
             busy_poll: false,
             connect_timeout: Duration::from_secs(5),
-            linger: Duration::from_secs(2),
+            linger: Duration::from_secs(10),
             backlog: 128,
         }
     }
