@@ -1,4 +1,5 @@
-//! Prints gRPC (tonic over transport-stream) vs native RPC on uds and tcp.
+//! Prints gRPC (tonic over transport-stream) vs native RPC on uds, tcp and verbs (when this
+//! machine has an RDMA device; in the soft-RoCE guest: `cargo xtask testbed run`).
 
 use clap::Parser;
 use grpc_demo::compare::{compare, table_header, CompareConfig};
@@ -10,7 +11,7 @@ use transport_uds::{UdsAddr, UdsTransport};
 #[command(version)]
 struct Args {
     /// Transports to measure.
-    #[arg(long, value_delimiter = ',', default_values = ["uds", "tcp"])]
+    #[arg(long, value_delimiter = ',', default_values = ["uds", "tcp", "verbs"])]
     transport: Vec<String>,
     /// Payload of the small unary call, bytes.
     #[arg(long, default_value_t = 64)]
@@ -70,7 +71,19 @@ async fn main() -> Result<(), grpc_demo::compare::Error> {
                 )
                 .await?
             }
-            other => return Err(format!("unknown transport `{other}` (uds, tcp)").into()),
+            "verbs" => {
+                let ip = match transport_verbs::local_rdma_ip() {
+                    Ok(ip) => ip,
+                    Err(e) => {
+                        println!("verbs     not available: {e}");
+                        continue;
+                    }
+                };
+                let t =
+                    transport_verbs::VerbsTransport::new(transport_verbs::VerbsConfig::default())?;
+                compare("verbs", t, || std::net::SocketAddr::new(ip, 0), &cfg).await?
+            }
+            other => return Err(format!("unknown transport `{other}` (uds, tcp, verbs)").into()),
         };
         println!("{c}");
         if t == "tcp" {
