@@ -31,8 +31,24 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), grpc_demo::compare::Error> {
-    let args = Args::parse();
+async fn main() -> std::process::ExitCode {
+    match run(Args::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("grpc-vs-native: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), grpc_demo::compare::Error> {
+    if let Some(bad) = args
+        .transport
+        .iter()
+        .find(|t| !["uds", "tcp", "verbs"].contains(&t.as_str()))
+    {
+        return Err(format!("unknown transport `{bad}` (uds, tcp, verbs)").into());
+    }
     let cfg = CompareConfig {
         small_size: args.small_size,
         small_calls: args.small_calls,
