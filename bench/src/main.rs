@@ -7,7 +7,7 @@
 //! bench --full --plot out.svg   the whole sweep (sizes 1 KB..1 MB x 1..32 client threads)
 //! bench --json                  the report as JSON on stdout
 //! bench server                  serve raw and RPC bench connections (TCP :5201) for a remote client
-//! bench client HOST[:PORT]      run the comparison against `bench server` on HOST
+//! bench client HOST[:PORT]      run the comparison against `bench server` on HOST (tcp or verbs)
 //! bench doctor                  check the environment (memlock, RDMA devices, GIDs, MTU, socket limits)
 //! ```
 //!
@@ -36,6 +36,7 @@ use suite::Settings;
 use transport_core::{Listener, Transport};
 use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
+use transport_verbs::{VerbsConfig, VerbsTransport};
 
 /// Default TCP port of `bench server`.
 const DEFAULT_PORT: u16 = 5201;
@@ -60,10 +61,13 @@ enum Command {
     Local(RunArgs),
     /// Serve bench connections for `bench client` on another host.
     Server(ServerArgs),
-    /// Run the comparison against `bench server` on HOST (TCP).
+    /// Run the comparison against `bench server` on HOST (TCP, or verbs with --transport verbs).
     Client {
         /// The server: HOST or HOST:PORT (default port 5201).
         host: String,
+        /// Transport to the server (verbs needs `bench server --verbs`).
+        #[arg(long, value_enum, default_value_t = RemoteTransport::Tcp)]
+        transport: RemoteTransport,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -83,6 +87,12 @@ enum Pin {
     Split,
     /// No pinning: the scheduler decides.
     None,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum RemoteTransport {
+    Tcp,
+    Verbs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -143,6 +153,9 @@ struct ServerArgs {
     /// Also listen on this Unix socket path.
     #[arg(long)]
     uds: Option<PathBuf>,
+    /// Also serve over RDMA verbs (rdma_cm) on the same IP and port.
+    #[arg(long)]
+    verbs: bool,
     /// Pin the server to this CPU.
     #[arg(long)]
     core: Option<usize>,
@@ -232,7 +245,11 @@ fn main() -> ExitCode {
         None => local(&cli.run),
         Some(Command::Local(run)) => local(&run),
         Some(Command::Server(a)) => server(&a),
-        Some(Command::Client { host, run }) => client(&host, &run),
+        Some(Command::Client {
+            host,
+            transport,
+            run,
+        }) => client(&host, transport, &run),
         Some(Command::Doctor { json }) => doctor::run(json),
     };
     match result {
@@ -338,17 +355,11 @@ fn spawn_server<T: Transport + Clone>(
         .map_err(|_| "the server thread died".to_string())?
 }
 
-fn verbs_unavailable() -> String {
-    match transport_verbs::list_devices() {
-        Err(e) => e.to_string(),
-        Ok(devs) => format!(
-            "device {} found, but the verbs transport is not implemented yet",
-            devs.iter()
-                .map(|d| d.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
+/// The verbs transport and an address of this machine's RDMA device, or why there is none.
+fn verbs_here() -> Result<(VerbsTransport, SocketAddr), String> {
+    let verbs = VerbsTransport::new(VerbsConfig::default()).map_err(|e| e.to_string())?;
+    let ip = transport_verbs::local_rdma_ip().map_err(|e| e.to_string())?;
+    Ok((verbs, SocketAddr::new(ip, 0)))
 }
 
 fn local(args: &RunArgs) -> Result<(), String> {
@@ -383,10 +394,16 @@ fn local(args: &RunArgs) -> Result<(), String> {
                 )?;
                 transports.push(suite::run(&tcp, &addr, &settings, &progress)?);
             }
-            TransportName::Verbs => unavailable.push(Unavailable {
-                transport: "verbs".into(),
-                reason: verbs_unavailable(),
-            }),
+            TransportName::Verbs => match verbs_here() {
+                Ok((verbs, addr)) => {
+                    let addr = spawn_server(verbs.clone(), addr, place.server_core)?;
+                    transports.push(suite::run(&verbs, &addr, &settings, &progress)?);
+                }
+                Err(reason) => unavailable.push(Unavailable {
+                    transport: "verbs".into(),
+                    reason,
+                }),
+            },
         }
     }
     progress.finish_and_clear();
@@ -455,8 +472,19 @@ fn server(a: &ServerArgs) -> Result<(), String> {
             }
             None => None,
         };
+        let verbs_task = if a.verbs {
+            let v = VerbsTransport::new(VerbsConfig::default()).map_err(|e| e.to_string())?;
+            let l = v
+                .listen(&a.listen)
+                .await
+                .map_err(|e| format!("verbs listen on {}: {e}", a.listen))?;
+            eprintln!("bench server: verbs {}", a.listen);
+            Some(tokio::spawn(proto::serve(l)))
+        } else {
+            None
+        };
         let r = proto::serve(tcp).await.map_err(|e| e.to_string());
-        if let Some(t) = uds_task {
+        for t in [uds_task, verbs_task].into_iter().flatten() {
             t.abort();
         }
         r
@@ -483,14 +511,19 @@ fn resolve(host: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("`{host}` resolves to no address"))
 }
 
-fn client(host: &str, args: &RunArgs) -> Result<(), String> {
+fn client(host: &str, transport: RemoteTransport, args: &RunArgs) -> Result<(), String> {
     let started = Instant::now();
     let addr = resolve(host)?;
     let place = placement(args.pin, "remote");
     let settings = args.settings(place.client_core);
     let progress = args.progress(settings.jobs());
-    let tcp = TcpTransport::default();
-    let r = suite::run(&tcp, &addr, &settings, &progress);
+    let r = match transport {
+        RemoteTransport::Tcp => suite::run(&TcpTransport::default(), &addr, &settings, &progress),
+        RemoteTransport::Verbs => {
+            let v = VerbsTransport::new(VerbsConfig::default()).map_err(|e| e.to_string())?;
+            suite::run(&v, &addr, &settings, &progress)
+        }
+    };
     progress.finish_and_clear();
     let r = r.map_err(|e| format!("{e} (is `bench server` running on {addr}?)"))?;
     finish(args, place, settings, vec![r], Vec::new(), started)
