@@ -2,15 +2,21 @@
 //!
 //! [`StreamSender`] writes each message as prefix + header + payload with one vectored write
 //! (the payload is never copied into a staging buffer); [`StreamReceiver`] reads into a buffer
-//! and hands payloads out as zero-copy slices of it, allocating exactly one frame's size for
-//! frames larger than its read buffer. Framing is [`crate::frame`].
+//! and hands payloads out as zero-copy slices of it. A frame larger than the read buffer is
+//! read straight into a buffer of its own size taken from a small per-connection pool: the
+//! buffer goes back to the pool when the last view of the payload drops, so a steady stream of
+//! large messages reuses memory whose pages are already mapped instead of faulting in fresh
+//! pages for every message (on Linux that cost a large RPC response ~120 page faults per
+//! 500 KB). Framing is [`crate::frame`].
 
 use crate::frame::{check_send_size, encode_prefix, FrameDecoder, PREFIX_LEN};
-use crate::{Message, MessageReceiver, MessageSender, Metrics, TransportError, MAX_HEADER_LEN};
-use bytes::{Bytes, BytesMut};
+use crate::{
+    HeaderBytes, Message, MessageReceiver, MessageSender, Metrics, TransportError, MAX_HEADER_LEN,
+};
+use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::codec::Decoder;
 
@@ -20,6 +26,12 @@ pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 64 << 20;
 pub const DEFAULT_READ_BUFFER: usize = 64 << 10;
 /// Slices per vectored write (two per message; well under IOV_MAX).
 const MAX_SLICES: usize = 64;
+/// Most large-frame buffers a receiver keeps for reuse.
+const LARGE_POOL_MAX_BUFFERS: usize = 16;
+/// Most bytes of large-frame buffers a receiver keeps for reuse.
+const LARGE_POOL_MAX_BYTES: usize = 64 << 20;
+/// Larger buffers are never kept (a rare huge message should not pin its memory).
+const LARGE_POOL_MAX_BUFFER: usize = 16 << 20;
 
 /// Settings shared by the stream backends.
 #[derive(Debug, Clone)]
@@ -177,6 +189,72 @@ impl<W: AsyncWrite + Unpin + Send + 'static> MessageSender for StreamSender<W> {
     }
 }
 
+/// Buffers of received large frames, returned when their payload is dropped.
+#[derive(Debug, Default)]
+struct LargePool {
+    free: Mutex<Vec<Vec<u8>>>,
+}
+
+impl LargePool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+        self.free.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An empty buffer with room for `total` bytes (reused if one fits without much waste).
+    fn take(&self, total: usize) -> Vec<u8> {
+        let reused = {
+            let mut free = self.lock();
+            free.iter()
+                .position(|b| b.capacity() >= total && b.capacity() / 2 <= total)
+                .map(|i| free.swap_remove(i))
+        };
+        match reused {
+            Some(mut b) => {
+                b.clear();
+                b
+            }
+            None => Vec::with_capacity(total),
+        }
+    }
+
+    fn give(&self, buf: Vec<u8>) {
+        if buf.capacity() > LARGE_POOL_MAX_BUFFER {
+            return;
+        }
+        let mut free = self.lock();
+        let held: usize = free.iter().map(Vec::capacity).sum();
+        if free.len() < LARGE_POOL_MAX_BUFFERS && held + buf.capacity() <= LARGE_POOL_MAX_BYTES {
+            free.push(buf);
+        }
+    }
+}
+
+/// Owner of a received large frame; gives the buffer back to its pool on drop.
+struct PooledFrame {
+    buf: Vec<u8>,
+    pool: Arc<LargePool>,
+}
+
+impl AsRef<[u8]> for PooledFrame {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for PooledFrame {
+    fn drop(&mut self) {
+        self.pool.give(std::mem::take(&mut self.buf));
+    }
+}
+
+/// A large frame being read: prefix, header and payload land in `buf` until it holds `total`.
+#[derive(Debug)]
+struct LargeFrame {
+    buf: Vec<u8>,
+    total: usize,
+    header_len: usize,
+}
+
 /// The receiving half of a stream connection.
 #[derive(Debug)]
 pub struct StreamReceiver<R> {
@@ -186,6 +264,8 @@ pub struct StreamReceiver<R> {
     metrics: Arc<Metrics>,
     read_buffer_size: usize,
     failed: Option<String>,
+    large: Option<LargeFrame>,
+    large_pool: Arc<LargePool>,
 }
 
 impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
@@ -198,6 +278,8 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
             metrics,
             read_buffer_size: config.read_buffer_size.max(PREFIX_LEN + MAX_HEADER_LEN),
             failed: None,
+            large: None,
+            large_pool: Arc::default(),
         }
     }
 
@@ -211,6 +293,65 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
             self.failed = Some(e.to_string());
         }
         e
+    }
+
+    /// Moves the start of a frame larger than the read buffer (its prefix already validated
+    /// by the decoder) into a pooled buffer of the frame's size; the rest is read straight
+    /// into that buffer.
+    fn start_large(&mut self, total: usize) {
+        let header_len = self.buf[3] as usize;
+        let mut buf = self.large_pool.take(total);
+        buf.extend_from_slice(&self.buf);
+        // The payload bytes that were read ahead into the read buffer had to be moved.
+        self.metrics
+            .payload_bytes_copied
+            .add(self.buf.len().saturating_sub(PREFIX_LEN + header_len) as u64);
+        self.buf.clear();
+        self.decoder = FrameDecoder::new(self.decoder.max_message_size());
+        self.large = Some(LargeFrame {
+            buf,
+            total,
+            header_len,
+        });
+    }
+
+    /// Reads the large frame in progress to its end. Cancel safe: progress stays in `large`.
+    async fn finish_large(&mut self) -> Result<Message, TransportError> {
+        loop {
+            let read = {
+                let lf = self.large.as_mut().expect("a large frame is in progress");
+                let want = lf.total - lf.buf.len();
+                if want == 0 {
+                    break;
+                }
+                let mut room = (&mut lf.buf).limit(want);
+                self.io.read_buf(&mut room).await
+            };
+            let n = match read {
+                Ok(n) => n,
+                Err(e) => return Err(self.fail(e.into())),
+            };
+            self.metrics.syscalls.incr();
+            if n == 0 {
+                let lf = self.large.as_ref().expect("a large frame is in progress");
+                let e = TransportError::Truncated {
+                    received: lf.buf.len() as u64,
+                    expected: lf.total as u64,
+                };
+                return Err(self.fail(e));
+            }
+            self.metrics.bytes_received.add(n as u64);
+        }
+        let lf = self.large.take().expect("a large frame is in progress");
+        let start = PREFIX_LEN + lf.header_len;
+        let header = HeaderBytes::new(&lf.buf[PREFIX_LEN..start]).unwrap_or_default();
+        let total = lf.total;
+        let payload = Bytes::from_owner(PooledFrame {
+            buf: lf.buf,
+            pool: self.large_pool.clone(),
+        })
+        .slice(start..total);
+        Ok(Message { header, payload })
     }
 
     /// Makes room for the next read: exactly one frame's worth for a large frame whose
@@ -241,6 +382,11 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
             )));
         }
         loop {
+            if self.large.is_some() {
+                let msg = self.finish_large().await?;
+                self.metrics.messages_received.incr();
+                return Ok(Some(msg));
+            }
             match self.decoder.decode(&mut self.buf) {
                 Ok(Some(msg)) => {
                     self.metrics.messages_received.incr();
@@ -248,6 +394,12 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
                 }
                 Ok(None) => {}
                 Err(e) => return Err(self.fail(e)),
+            }
+            if let Some(total) = self.decoder.pending_frame_len() {
+                if total > self.read_buffer_size {
+                    self.start_large(total);
+                    continue;
+                }
             }
             self.prepare_read();
             let n = match self.io.read_buf(&mut self.buf).await {
@@ -341,6 +493,88 @@ mod tests {
         let m = rx.recv().await.unwrap().unwrap();
         assert_eq!(m.payload, payload);
         assert!(rx.buffer_capacity() <= (3 << 20) + PREFIX_LEN + 4096);
+    }
+
+    #[tokio::test]
+    async fn large_frame_buffers_are_reused_once_dropped() {
+        let (mut tx, mut rx, _) = pair(4 << 20);
+        let m = rx.metrics().clone();
+        let sizes = [300_000usize, 290_000, 300_000, 5_000];
+        let writer = tokio::spawn(async move {
+            for (i, n) in sizes.into_iter().enumerate() {
+                let payload = Bytes::from(vec![i as u8 + 1; n]);
+                tx.send(Message::new(HeaderBytes::from([i as u8; 3]), payload))
+                    .await
+                    .unwrap();
+            }
+            tx
+        });
+        let first = rx.recv().await.unwrap().unwrap();
+        assert_eq!(first.header.as_slice(), [0u8; 3]);
+        assert_eq!(first.payload.len(), 300_000);
+        assert!(first.payload.iter().all(|&b| b == 1));
+        // The frame's prefix and header sit right before its payload in the same buffer.
+        let base = first.payload.as_ptr() as usize - (PREFIX_LEN + 3);
+        drop(first);
+        let second = rx.recv().await.unwrap().unwrap();
+        assert_eq!(second.header.as_slice(), [1u8; 3]);
+        assert_eq!(second.payload.len(), 290_000);
+        assert!(second.payload.iter().all(|&b| b == 2));
+        assert_eq!(
+            second.payload.as_ptr() as usize - (PREFIX_LEN + 3),
+            base,
+            "a dropped large payload's buffer is reused for the next one that fits"
+        );
+        // Held payloads are never reused: the third frame gets memory of its own.
+        let third = rx.recv().await.unwrap().unwrap();
+        assert_eq!(third.header.as_slice(), [2u8; 3]);
+        assert!(third.payload.iter().all(|&b| b == 3));
+        assert!(
+            second.payload.iter().all(|&b| b == 2),
+            "untouched while held"
+        );
+        assert_ne!(third.payload.as_ptr(), second.payload.as_ptr());
+        let small = rx.recv().await.unwrap().unwrap();
+        assert_eq!(small.payload.len(), 5_000);
+        assert!(small.payload.iter().all(|&b| b == 4));
+        // What was read ahead into the read buffer had to be moved: counted, bounded by it.
+        let copied = m.payload_bytes_copied.get();
+        assert!(copied <= 3 * 16384, "copied {copied}");
+        drop(writer.await.unwrap());
+        assert!(rx.recv().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn large_frame_recv_is_cancel_safe_and_truncation_is_reported() {
+        let (mut raw, b) = tokio::io::duplex(1 << 16);
+        let cfg = StreamConfig {
+            max_message_size: 1 << 20,
+            read_buffer_size: 4096,
+        };
+        let mut rx = StreamReceiver::new(b, Arc::new(Metrics::default()), &cfg);
+        let payload: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let mut wire = encode_prefix(2, payload.len()).to_vec();
+        wire.extend_from_slice(b"hh");
+        wire.extend_from_slice(&payload);
+        // Half the frame, then the recv future is dropped.
+        raw.write_all(&wire[..50_000]).await.unwrap();
+        let r = tokio::time::timeout(std::time::Duration::from_millis(50), rx.recv()).await;
+        assert!(r.is_err(), "no whole message yet");
+        raw.write_all(&wire[50_000..]).await.unwrap();
+        let m = rx.recv().await.unwrap().unwrap();
+        assert_eq!(m.header.as_slice(), b"hh");
+        assert_eq!(&m.payload[..], &payload[..]);
+        // A second large frame cut short by the peer's death.
+        raw.write_all(&wire[..30_000]).await.unwrap();
+        drop(raw);
+        match rx.recv().await {
+            Err(TransportError::Truncated { received, expected }) => {
+                assert_eq!(received, 30_000);
+                assert_eq!(expected, wire.len() as u64);
+            }
+            other => panic!("expected Truncated, got {other:?}"),
+        }
+        assert!(rx.recv().await.is_err(), "the receiver stays failed");
     }
 
     #[tokio::test]
