@@ -33,10 +33,19 @@ pub struct Unavailable {
 pub struct Diagnosis {
     /// Backend name.
     pub transport: String,
-    /// The cell the figures come from (largest size of the `send` cells, fewest threads).
+    /// The cell the figures come from: the lowest utilization among the cells of 256 KB and
+    /// more at the fewest threads (all sizes when none is that large).
     pub basis: String,
+    /// Utilization of that cell.
+    pub utilization: f64,
     /// RPC payload bytes copied per payload byte.
     pub copies_per_byte: f64,
+    /// Raw payload bytes copied per payload byte.
+    pub raw_copies_per_byte: f64,
+    /// RPC minor page faults per call (whole process).
+    pub page_faults_per_call: f64,
+    /// Raw minor page faults per message (whole process).
+    pub raw_page_faults_per_call: f64,
     /// RPC system calls or doorbells per call (client side).
     pub syscalls_per_call: f64,
     /// Raw system calls or doorbells per message (client side).
@@ -149,12 +158,11 @@ impl Table {
 /// Builds the diagnosis of one transport from its cells and its ping row.
 pub fn diagnose(t: &TransportReport) -> Option<Diagnosis> {
     let threads = t.cells.iter().map(|c| c.threads).min()?;
-    let basis: &Cell = t
-        .cells
-        .iter()
-        .filter(|c| c.threads == threads && c.op == crate::measure::Op::Send)
-        .max_by_key(|c| c.size)
-        .or_else(|| t.cells.iter().max_by_key(|c| c.size))?;
+    let at_threads = || t.cells.iter().filter(move |c| c.threads == threads);
+    let large = at_threads().any(|c| c.size >= 256 << 10);
+    let basis: &Cell = at_threads()
+        .filter(|c| !large || c.size >= 256 << 10)
+        .min_by(|a, b| a.utilization.total_cmp(&b.utilization))?;
     let rpc = &basis.rpc.costs;
     let raw = &basis.raw.costs;
     let mut d = Diagnosis {
@@ -165,7 +173,11 @@ pub fn diagnose(t: &TransportReport) -> Option<Diagnosis> {
             size_label(basis.size),
             basis.threads
         ),
+        utilization: basis.utilization,
         copies_per_byte: rpc.copies_per_byte,
+        raw_copies_per_byte: raw.copies_per_byte,
+        page_faults_per_call: rpc.page_faults_per_call,
+        raw_page_faults_per_call: raw.page_faults_per_call,
         syscalls_per_call: rpc.syscalls_per_call,
         raw_syscalls_per_call: raw.syscalls_per_call,
         registrations_per_call: rpc.registrations_per_call,
@@ -178,19 +190,37 @@ pub fn diagnose(t: &TransportReport) -> Option<Diagnosis> {
         ),
         verdict: String::new(),
     };
-    d.verdict = verdict(&d, basis.utilization, t.ping.latency_ratio);
+    d.verdict = verdict(
+        &d,
+        basis.utilization,
+        t.ping.latency_ratio,
+        basis.op != crate::measure::Op::Oneway,
+    );
+    d.verdict = format!("{} (basis: {})", d.verdict.trim_end_matches('.'), d.basis) + ".";
     Some(d)
 }
 
-fn verdict(d: &Diagnosis, util: f64, ping_ratio: f64) -> String {
+fn verdict(d: &Diagnosis, util: f64, ping_ratio: f64, twoway: bool) -> String {
     // Each candidate: (estimated share of the gap, sentence).
     let mut candidates: Vec<(f64, String)> = Vec::new();
-    if d.copies_per_byte > 0.05 {
+    let extra_copies = d.copies_per_byte - d.raw_copies_per_byte;
+    if extra_copies > 0.05 {
         candidates.push((
-            d.copies_per_byte,
+            extra_copies,
             format!(
-                "payload copies: {:.2} bytes copied in user space per byte sent",
-                d.copies_per_byte
+                "payload copies: {:.2} bytes copied in user space per byte moved ({:.2} raw)",
+                d.copies_per_byte, d.raw_copies_per_byte
+            ),
+        ));
+    }
+    let extra_faults = d.page_faults_per_call - d.raw_page_faults_per_call;
+    if extra_faults > 1.0 {
+        candidates.push((
+            // ~120 faults re-map a 500 KB buffer: treat a full re-map per call as a 100% cost.
+            extra_faults / 120.0,
+            format!(
+                "fresh memory per call: {:.1} page faults per call ({:.1} raw), buffers are allocated instead of reused",
+                d.page_faults_per_call, d.raw_page_faults_per_call
             ),
         ));
     }
@@ -203,9 +233,10 @@ fn verdict(d: &Diagnosis, util: f64, ping_ratio: f64) -> String {
             ),
         ));
     }
-    if d.mean_in_flight < 1.5 && util < 0.95 {
+    if twoway && d.mean_in_flight < 1.5 && util < 0.95 {
         candidates.push((
-            1.0 - util,
+            // Structural: with one call at a time nothing else can close the gap.
+            1.0 - util + 0.5,
             format!(
                 "too few calls in flight (mean {:.1}): every call waits a full round trip; raise --window",
                 d.mean_in_flight
@@ -247,7 +278,7 @@ fn verdict(d: &Diagnosis, util: f64, ping_ratio: f64) -> String {
             format!("{}: the largest cost is {s}.", d.transport)
         }
         Some((_, s)) => format!(
-            "{}: RPC is at {:.0}% of raw throughput and {ping_ratio:.2}x raw latency; what remains is mostly {s}.",
+            "{}: RPC is at {:.0}% of raw throughput and {ping_ratio:.2}x raw latency; the largest remaining cost is {s}.",
             d.transport,
             util * 100.0
         ),
@@ -346,7 +377,9 @@ impl Report {
                 &[
                     "transport",
                     "basis",
-                    "copies B/B",
+                    "util",
+                    "copies B/B rpc (raw)",
+                    "faults/call rpc (raw)",
                     "syscalls/call rpc (raw)",
                     "regs/call",
                     "mean in flight",
@@ -359,7 +392,12 @@ impl Report {
                 t.row(vec![
                     d.transport.clone(),
                     d.basis.clone(),
-                    format!("{:.2}", d.copies_per_byte),
+                    format!("{:.0}%", d.utilization * 100.0),
+                    format!("{:.2} ({:.2})", d.copies_per_byte, d.raw_copies_per_byte),
+                    format!(
+                        "{:.1} ({:.1})",
+                        d.page_faults_per_call, d.raw_page_faults_per_call
+                    ),
                     format!(
                         "{:.2} ({:.2})",
                         d.syscalls_per_call, d.raw_syscalls_per_call
