@@ -8,6 +8,7 @@
 //! bench --json                  the report as JSON on stdout
 //! bench server                  serve raw and RPC bench connections (TCP :5201) for a remote client
 //! bench client HOST[:PORT]      run the comparison against `bench server` on HOST (tcp or verbs)
+//! bench scenario NAME           the middleware scenarios (typed, structured, clients, slow-clients, orb, all)
 //! bench doctor                  check the environment (memlock, RDMA devices, GIDs, MTU, socket limits)
 //! ```
 //!
@@ -21,6 +22,7 @@ mod measure;
 mod plot;
 mod proto;
 mod report;
+mod scenario_cmd;
 mod suite;
 mod sys;
 
@@ -71,6 +73,8 @@ enum Command {
         #[command(flatten)]
         run: RunArgs,
     },
+    /// The classic middleware scenarios: typed payloads, many clients, slow handlers, ORB shape.
+    Scenario(scenario_cmd::ScenarioArgs),
     /// Check the environment and say what to fix.
     Doctor {
         /// Print the findings as JSON.
@@ -250,6 +254,7 @@ fn main() -> ExitCode {
             transport,
             run,
         }) => client(&host, transport, &run),
+        Some(Command::Scenario(a)) => scenario_cmd::run(&a),
         Some(Command::Doctor { json }) => doctor::run(json),
     };
     match result {
@@ -318,6 +323,23 @@ fn spawn_server<T: Transport + Clone>(
     addr: T::Addr,
     core: Option<usize>,
 ) -> Result<T::Addr, String> {
+    spawn_server_with(transport, addr, core, |l| async move {
+        let _ = proto::serve(l).await;
+    })
+}
+
+/// Like [`spawn_server`] with another server loop (`serve` gets the listener).
+fn spawn_server_with<T, F, Fut>(
+    transport: T,
+    addr: T::Addr,
+    core: Option<usize>,
+    serve: F,
+) -> Result<T::Addr, String>
+where
+    T: Transport + Clone,
+    F: FnOnce(T::Listener) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("bench-server".into())
@@ -347,7 +369,7 @@ fn spawn_server<T: Transport + Clone>(
                     }
                 };
                 let _ = tx.send(listener.local_addr().map_err(|e| e.to_string()));
-                let _ = proto::serve(listener).await;
+                serve(listener).await;
             });
         })
         .map_err(|e| e.to_string())?;
