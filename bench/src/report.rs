@@ -268,7 +268,7 @@ fn verdict(d: &Diagnosis, util: f64, ping_ratio: f64, twoway: bool) -> String {
         candidates.push((
             ping_ratio - 1.0,
             format!(
-                "per-call overhead of the RPC layer: a ping costs {rpc_cpu:.1} µs of CPU against {raw_cpu:.1} µs raw ({ping_ratio:.2}x the raw latency)"
+                "per-call overhead of the RPC layer: a ping costs {rpc_cpu:.1} µs of CPU against {raw_cpu:.1} µs raw ({ping_ratio:.2}x the raw p50 latency)"
             ),
         ));
     }
@@ -278,12 +278,12 @@ fn verdict(d: &Diagnosis, util: f64, ping_ratio: f64, twoway: bool) -> String {
             format!("{}: the largest cost is {s}.", d.transport)
         }
         Some((_, s)) => format!(
-            "{}: RPC is at {:.0}% of raw throughput and {ping_ratio:.2}x raw latency; the largest remaining cost is {s}.",
+            "{}: RPC is at {:.0}% of raw throughput and {ping_ratio:.2}x raw p50 latency; the largest remaining cost is {s}.",
             d.transport,
             util * 100.0
         ),
         None => format!(
-            "{}: no measurable cost above raw: RPC is at {:.0}% of raw throughput and {ping_ratio:.2}x raw latency.",
+            "{}: no measurable cost above raw: RPC is at {:.0}% of raw throughput and {ping_ratio:.2}x raw p50 latency.",
             d.transport,
             util * 100.0
         ),
@@ -307,7 +307,7 @@ impl Report {
         );
         out.push('\n');
         out.push_str(
-            "Latency: raw = 1-byte ping-pong on the backend connection, rpc = `void o()` call\n",
+            "Latency: raw = 1-byte ping-pong on the backend connection, rpc = `void o()` call; µs/rt = mean per run\n",
         );
         let mut t = Table::new(
             &[
@@ -317,7 +317,8 @@ impl Report {
                 "rpc µs/call",
                 "rpc p50/p99 µs",
                 "rpc calls/s",
-                "rpc/raw",
+                "rpc/raw p50",
+                "rpc/raw mean",
             ],
             1,
         );
@@ -331,6 +332,7 @@ impl Report {
                 format!("{} / {}", num(p.rpc.p50_us), num(p.rpc.p99_us)),
                 format!("{:.0}", p.rpc.calls_s.median),
                 format!("{:.2}x", p.latency_ratio),
+                format!("{:.2}x", p.mean_latency_ratio),
             ]);
         }
         t.render(&mut out);

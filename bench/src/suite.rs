@@ -131,8 +131,10 @@ pub struct PingRow {
     pub raw: Latency,
     /// `void o()` calls.
     pub rpc: Latency,
-    /// Median RPC latency / median raw latency.
+    /// RPC p50 round trip / raw p50 round trip (robust against preemption by other processes).
     pub latency_ratio: f64,
+    /// Median of the per-run mean RPC latencies / the same for raw.
+    pub mean_latency_ratio: f64,
 }
 
 /// One throughput cell.
@@ -289,7 +291,8 @@ pub fn run<T: Transport + Clone>(
     let raw = latency(&ping_raw)?;
     let rpc = latency(&ping_rpc)?;
     let ping = PingRow {
-        latency_ratio: rpc.us_per_call.median / raw.us_per_call.median.max(1e-9),
+        latency_ratio: rpc.p50_us / raw.p50_us.max(1e-9),
+        mean_latency_ratio: rpc.us_per_call.median / raw.us_per_call.median.max(1e-9),
         raw,
         rpc,
     };
