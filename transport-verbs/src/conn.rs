@@ -217,6 +217,7 @@ impl Conn {
             hello_sent: false,
             outq: VecDeque::new(),
             reads: VecDeque::new(),
+            reads_in_flight: 0,
             inbound: VecDeque::new(),
             next_tag: 0,
             rndv_out: HashMap::new(),
@@ -262,6 +263,8 @@ struct Driver {
     hello_sent: bool,
     outq: VecDeque<Out>,
     reads: VecDeque<ReadSpec>,
+    /// RDMA READs posted and not yet completed (at most `rendezvous_window`).
+    reads_in_flight: usize,
     inbound: VecDeque<In>,
     next_tag: u64,
     /// Our payloads the peer may be reading (until its FIN).
@@ -497,6 +500,7 @@ impl Driver {
                 len,
                 status,
             } => {
+                self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
                 if let Err(e) = status {
                     let (received, expected) = self
                         .inbound
@@ -704,10 +708,15 @@ impl Driver {
             if self.ep().sq_room() == 0 {
                 break;
             }
-            if let Some(r) = self.reads.pop_front() {
-                self.ep().stage_read(r);
-                posted_any = true;
-                continue;
+            // A window of READs: sends queued behind them (FIN, replies) are not held up for
+            // the whole of a large transfer (the send queue is FIFO).
+            if self.reads_in_flight < self.cfg.rendezvous_window.max(1) {
+                if let Some(r) = self.reads.pop_front() {
+                    self.ep().stage_read(r);
+                    self.reads_in_flight += 1;
+                    posted_any = true;
+                    continue;
+                }
             }
             if !self.hello_sent {
                 if self.credits < 1 {

@@ -50,7 +50,8 @@
 //!   receive buffer itself and posts a fresh buffer from the pool; smaller ones are copied out.
 //! - **Rendezvous.** Above `eager_limit` the sender registers the payload (pool lookup, then a
 //!   registration cache) and sends an RTS with its address and rkey; the receiver takes a
-//!   pool buffer and RDMA READs the payload in `rendezvous_chunk` pieces straight into it, then
+//!   pool buffer and RDMA READs the payload in `rendezvous_chunk` pieces (`rendezvous_window`
+//!   of them in flight, so replies are not stuck behind a large transfer) straight into it, then
 //!   sends FIN so the sender releases the memory. A payload above the receiver's limit is refused
 //!   (FIN without a READ) and reported as `MessageTooLarge` with its header.
 //! - **Completions.** One CQ per connection, armed through a completion channel whose fd sits
@@ -155,6 +156,8 @@ pub struct VerbsConfig {
     pub zero_copy_recv_min: usize,
     /// Size of one RDMA READ of a rendezvous transfer.
     pub rendezvous_chunk: usize,
+    /// RDMA READs in flight per connection (sends queued behind them wait for at most this many).
+    pub rendezvous_window: usize,
     /// Bytes of user memory kept registered by the registration cache.
     pub registration_cache_bytes: usize,
     /// Bytes of idle registered buffers the pool keeps for reuse.
@@ -181,6 +184,7 @@ impl Default for VerbsConfig {
             inline_size: 128,
             zero_copy_recv_min: 4096,
             rendezvous_chunk: 1 << 20,
+            rendezvous_window: 4,
             registration_cache_bytes: 256 << 20,
             pool_keep_bytes: 64 << 20,
             busy_poll: false,
