@@ -1,5 +1,8 @@
-//! Plumbing of the middleware scenarios over a real transport (UDS). No timing assertions:
-//! only what must hold however slow the machine is.
+//! Plumbing of the middleware scenarios over real transports: the same cases over uds, tcp and
+//! verbs (`verbs::` runs for real in the soft-RoCE guest of `cargo xtask testbed verbs`, where
+//! `TRANSPORT_VERBS_REQUIRE_DEVICE=1`; on a host without RDMA it checks the typed no-device error
+//! and prints `case not run`). No timing assertions: only what must hold however slow the
+//! machine is.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,20 +13,24 @@ use bench::scenarios::load::{
 };
 use bench::scenarios::typed::{elements_for, Element, Fixed, StringDouble, Structured};
 use bytes::Bytes;
+use std::net::SocketAddr;
 use transport_core::rpc::{code, ClientConfig, RpcClient, RpcError, RpcServer, ServerConfig};
 use transport_core::{Listener, Transport};
+use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
+use transport_verbs::{VerbsConfig, VerbsTransport};
 
-struct Bed {
-    transport: UdsTransport,
-    addr: UdsAddr,
-    _dir: tempfile::TempDir,
+struct Bed<T: Transport> {
+    transport: T,
+    addr: T::Addr,
+    _dir: Option<tempfile::TempDir>,
 }
 
-async fn bed() -> Bed {
-    let dir = tempfile::tempdir().unwrap();
-    let transport = UdsTransport::default();
-    let addr = UdsAddr(dir.path().join("s.sock"));
+async fn serve<T: Transport>(
+    transport: T,
+    addr: T::Addr,
+    dir: Option<tempfile::TempDir>,
+) -> Bed<T> {
     let listener = transport.listen(&addr).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = RpcServer::new(ScenarioHandler::default(), ServerConfig::default());
@@ -35,6 +42,41 @@ async fn bed() -> Bed {
     }
 }
 
+async fn uds() -> Option<Bed<UdsTransport>> {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = UdsAddr(dir.path().join("s.sock"));
+    Some(serve(UdsTransport::default(), addr, Some(dir)).await)
+}
+
+async fn tcp() -> Option<Bed<TcpTransport>> {
+    Some(
+        serve(
+            TcpTransport::default(),
+            "127.0.0.1:0".parse().unwrap(),
+            None,
+        )
+        .await,
+    )
+}
+
+async fn verbs() -> Option<Bed<VerbsTransport>> {
+    let required = std::env::var("TRANSPORT_VERBS_REQUIRE_DEVICE").is_ok_and(|v| v == "1");
+    let transport = match VerbsTransport::new(VerbsConfig::default()) {
+        Ok(t) => t,
+        Err(e) if !required => {
+            assert!(
+                e.is_no_device(),
+                "expected the typed no-device error: {e:?}"
+            );
+            eprintln!("verbs: no RDMA device ({e}); case not run");
+            return None;
+        }
+        Err(e) => panic!("TRANSPORT_VERBS_REQUIRE_DEVICE=1 but: {e}"),
+    };
+    let ip = transport_verbs::local_rdma_ip().expect("an RDMA device with an IPv4 GID");
+    Some(serve(transport, SocketAddr::new(ip, 0), None).await)
+}
+
 fn shape(clients: usize, connections: usize, in_flight: usize, ms: u64) -> LoadConfig {
     LoadConfig {
         clients,
@@ -44,15 +86,13 @@ fn shape(clients: usize, connections: usize, in_flight: usize, ms: u64) -> LoadC
     }
 }
 
-async fn run<W: Workload>(b: &Bed, cfg: &LoadConfig, w: W) -> Stats {
+async fn run<T: Transport, W: Workload>(b: &Bed<T>, cfg: &LoadConfig, w: W) -> Stats {
     run_load(&b.transport, &b.addr, cfg, Arc::new(w))
         .await
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_typed_kind_and_mode_round_trips() {
-    let b = bed().await;
+async fn every_typed_kind_and_mode_round_trips<T: Transport>(b: Bed<T>) {
     let cfg = shape(1, 1, 16, 100);
     for mode in Mode::ALL {
         for kind in TypedKind::ALL {
@@ -82,9 +122,7 @@ async fn every_typed_kind_and_mode_round_trips() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn byte_sends_and_pings_count_their_bytes() {
-    let b = bed().await;
+async fn byte_sends_and_pings_count_their_bytes<T: Transport>(b: Bed<T>) {
     let cfg = shape(2, 1, 16, 100);
     let ping = run(&b, &cfg, Ping).await;
     assert!(ping.completed > 0);
@@ -105,9 +143,7 @@ const SLOW: Duration = Duration::from_millis(200);
 /// A slow handler must not serialize clients: ten clients complete more calls than a server
 /// running one call at a time ever could. (Bounds, not timings: this holds on a loaded machine
 /// as long as a 200 ms call does not take 2 s.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slow_handlers_run_concurrently_across_clients() {
-    let b = bed().await;
+async fn slow_handlers_run_concurrently_across_clients<T: Transport>(b: Bed<T>) {
     let ten = run(&b, &shape(10, 10, 1, 1000), Slow(SLOW)).await;
     assert!(
         ten.completed > cap(1, SLOW, ten.seconds),
@@ -120,9 +156,7 @@ async fn slow_handlers_run_concurrently_across_clients() {
 
 /// "One call per connection, a pool of connections" caps concurrency at the pool size: the
 /// tool reproduces the classic ORB failure mode, and the pipelined shape does not have it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_flight_limit_and_connection_pool_cap_concurrency() {
-    let b = bed().await;
+async fn in_flight_limit_and_connection_pool_cap_concurrency<T: Transport>(b: Bed<T>) {
     let pool = run(&b, &shape(8, 2, 1, 1000), Slow(SLOW)).await;
     assert!(pool.completed >= 1);
     assert!(pool.completed <= cap(2, SLOW, pool.seconds), "{pool:?}");
@@ -133,9 +167,7 @@ async fn in_flight_limit_and_connection_pool_cap_concurrency() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_inputs_give_typed_errors() {
-    let b = bed().await;
+async fn bad_inputs_give_typed_errors<T: Transport>(b: Bed<T>) {
     let err = run_load(&b.transport, &b.addr, &shape(0, 1, 1, 10), Arc::new(Ping))
         .await
         .unwrap_err();
@@ -160,3 +192,32 @@ async fn bad_inputs_give_typed_errors() {
     }
     assert_eq!(Structured::NAME, "structured");
 }
+
+/// One module per transport, each running every case above.
+macro_rules! scenario_tests {
+    ($module:ident, $bed:ident) => {
+        mod $module {
+            scenario_tests!(@cases $bed;
+                every_typed_kind_and_mode_round_trips,
+                byte_sends_and_pings_count_their_bytes,
+                slow_handlers_run_concurrently_across_clients,
+                in_flight_limit_and_connection_pool_cap_concurrency,
+                bad_inputs_give_typed_errors
+            );
+        }
+    };
+    (@cases $bed:ident; $($case:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                if let Some(b) = super::$bed().await {
+                    super::$case(b).await;
+                }
+            }
+        )*
+    };
+}
+
+scenario_tests!(uds, uds);
+scenario_tests!(tcp, tcp);
+scenario_tests!(verbs, verbs);

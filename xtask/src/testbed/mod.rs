@@ -428,8 +428,11 @@ fn two_hosts(args: &[String]) -> Result<(), String> {
 
 /// Test binaries of other crates whose `verbs::` cases run in the guest (the same test bodies
 /// as their uds/tcp cases): (package, test target).
-const VERBS_VARIANT_TESTS: &[(&str, &str)] =
-    &[("transport-stream", "stream"), ("grpc-demo", "grpc")];
+const VERBS_VARIANT_TESTS: &[(&str, &str)] = &[
+    ("transport-stream", "stream"),
+    ("grpc-demo", "grpc"),
+    ("bench", "scenarios"),
+];
 
 /// The verbs test executables, each with the libtest filter to run it with: every test of
 /// `cargo test -p transport-verbs --no-run`, and the `verbs::` cases of [`VERBS_VARIANT_TESTS`].
@@ -486,8 +489,8 @@ fn build_test_exes(selection: &[&str]) -> Result<Vec<PathBuf>, String> {
 
 /// Runs the verbs test suite in the guest. Fails (never skips) when the bed cannot run.
 ///
-/// Builds transport-verbs' test binaries (and the `verbs::` variants of transport-stream's and
-/// grpc-demo's per-transport tests) on the host, boots the guest, runs the smoke suite and
+/// Builds transport-verbs' test binaries (and the `verbs::` variants of transport-stream's,
+/// grpc-demo's and bench's per-transport tests) on the host, boots the guest, runs the smoke suite and
 /// then every test binary with `TRANSPORT_VERBS_REQUIRE_DEVICE=1`. Ok only when the guest
 /// reported success, every step passed, each binary printed libtest's `test result: ok.` and at
 /// least one test passed, and the device test reported opening the device.
@@ -533,6 +536,8 @@ const MIN_PASSED: &[(&str, u64)] = &[
     // transport-stream's byte-stream cases and grpc-demo's tonic + native cases, `verbs::` only.
     ("test:stream-", 9),
     ("test:grpc-", 7),
+    // bench's middleware-scenario plumbing (typed payloads, many clients, ORB shape).
+    ("test:scenarios-", 5),
 ];
 
 /// Printed by a verbs test that found no device and did not run (must never happen here).
