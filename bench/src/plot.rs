@@ -69,12 +69,14 @@ pub fn write_svg(report: &Report, path: &Path) -> Result<(), String> {
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     let err = |e: DrawingAreaErrorKind<_>| format!("plot {}: {e}", path.display());
     root.fill(&WHITE).map_err(err)?;
+    let cores = |c: Option<usize>| c.map_or("-".to_string(), |c| c.to_string());
     let caption = format!(
-        "Throughput vs message size ({} , {} client thread(s), window {}; {})",
+        "Payload Mbit/s vs message size: {}, {} client thread(s), window {}, CPUs client {} / server {}",
         op.name(),
         threads,
         report.settings.window,
-        report.placement.summary
+        cores(report.placement.client_core),
+        cores(report.placement.server_core),
     );
     let mut chart = ChartBuilder::on(&root)
         .caption(caption, ("sans-serif", 16))
@@ -88,6 +90,7 @@ pub fn write_svg(report: &Report, path: &Path) -> Result<(), String> {
         .x_desc("message size")
         .y_desc("Mbit/s")
         .x_label_formatter(&|x| size_label(*x as usize))
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()
         .map_err(err)?;
     for (label, ci, dashed, pts) in series {
