@@ -13,8 +13,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use sideway::ibverbs::completion::CompletionChannel;
 use sideway::rdmacm::communication_manager::{EventType, Identifier};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tokio::io::unix::AsyncFd;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use transport_core::{
     BufferPool, Capabilities, Connection, HeaderBytes, Message, MessageReceiver, MessageSender,
     Metrics, TransportError,
@@ -94,6 +95,12 @@ enum Delivery {
 #[derive(Default)]
 struct Shared {
     fail: Mutex<Option<Fail>>,
+    /// Deliveries handed to the receiving half and not yet taken by the application.
+    backlog: AtomicUsize,
+    /// Set while the driver holds receive buffers back because the application is behind.
+    deferring: AtomicBool,
+    /// Woken by the receiving half when it takes a delivery while the driver is deferring.
+    drained: Notify,
 }
 
 impl Shared {
@@ -197,6 +204,7 @@ impl Conn {
             rx: drx,
             done: None,
             metrics: metrics.clone(),
+            shared: shared.clone(),
         };
         let owed = cfg.recv_depth as u32 - 1;
         let driver = Driver {
@@ -218,6 +226,7 @@ impl Conn {
             outq: VecDeque::new(),
             reads: VecDeque::new(),
             reads_in_flight: 0,
+            deferred: Vec::new(),
             inbound: VecDeque::new(),
             next_tag: 0,
             rndv_out: HashMap::new(),
@@ -265,6 +274,9 @@ struct Driver {
     reads: VecDeque<ReadSpec>,
     /// RDMA READs posted and not yet completed (at most `rendezvous_window`).
     reads_in_flight: usize,
+    /// Receive buffers held back (not re-posted, no credit returned) while the application is
+    /// behind: the peer then runs out of credits and waits, instead of memory growing here.
+    deferred: Vec<PoolBuf>,
     inbound: VecDeque<In>,
     next_tag: u64,
     /// Our payloads the peer may be reading (until its FIN).
@@ -285,6 +297,7 @@ enum Wake {
     Cmd(Option<Cmd>),
     Spin,
     Linger,
+    Drained,
 }
 
 impl Driver {
@@ -342,7 +355,13 @@ impl Driver {
                     }
                 }
             }
+            if !self.deferred.is_empty() && !self.behind() {
+                self.undefer();
+                continue;
+            }
             let take_cmds = self.cmd_open && self.outq.len() < OUTQ_MAX;
+            let deferring = !self.deferred.is_empty();
+            let shared = self.shared.clone();
             let cq_fd = self.cq_fd.as_ref().expect("fd lives until teardown");
             let wake = tokio::select! {
                 biased;
@@ -354,6 +373,7 @@ impl Driver {
                 c = self.cmd_rx.recv(), if take_cmds => Wake::Cmd(c),
                 _ = tokio::task::yield_now(), if busy => Wake::Spin,
                 _ = tokio::time::sleep(Duration::from_millis(50)), if linger.is_some() => Wake::Linger,
+                _ = shared.drained.notified(), if deferring => Wake::Drained,
             };
             match wake {
                 Wake::Cq => {
@@ -378,7 +398,7 @@ impl Driver {
                     }
                 }
                 Wake::Cmd(None) => self.sender_gone(),
-                Wake::Spin | Wake::Linger => {}
+                Wake::Spin | Wake::Linger | Wake::Drained => {}
             }
         }
         self.teardown();
@@ -576,7 +596,6 @@ impl Driver {
         let (th, header, off) = Th::decode(&buf.as_slice()[..len.min(buf.len())])
             .map_err(|e| Fail::Backend(format!("malformed verbs message: {e}")))?;
         self.credits += th.credits as u32;
-        self.owed += 1;
         self.metrics.bytes_received.add(off as u64);
         let max = self.cfg.max_message_size as u64;
         match th.kind {
@@ -611,7 +630,7 @@ impl Driver {
                     let payload = Bytes::from_owner(buf).slice(off..off + plen);
                     self.inbound
                         .push_back(In::Ready(Delivery::Msg(Message::new(header, payload))));
-                    self.ep().stage_recv(fresh);
+                    self.repost(fresh);
                     return Ok(());
                 } else {
                     let payload = Bytes::copy_from_slice(&buf.as_slice()[off..off + plen]);
@@ -678,8 +697,40 @@ impl Driver {
             }
         }
         // Same buffer goes back to the receive queue.
-        self.ep().stage_recv(buf);
+        self.repost(buf);
         Ok(())
+    }
+
+    /// Deliveries the application may leave untaken before receive buffers are held back.
+    fn backlog_max(&self) -> usize {
+        4 * self.cfg.recv_depth
+    }
+
+    /// True when the application is behind and its receiver is still there.
+    fn behind(&self) -> bool {
+        self.deliver.as_ref().is_some_and(|d| !d.is_closed())
+            && self.shared.backlog.load(Ordering::Acquire) >= self.backlog_max()
+    }
+
+    /// Re-posts a receive buffer and owes the peer its credit, or holds it back while the
+    /// application is behind (see `deferred`).
+    fn repost(&mut self, buf: PoolBuf) {
+        if self.behind() {
+            self.deferred.push(buf);
+            self.shared.deferring.store(true, Ordering::Release);
+        } else {
+            self.owed += 1;
+            self.ep().stage_recv(buf);
+        }
+    }
+
+    /// Re-posts every held-back buffer (posted by the next `ring`).
+    fn undefer(&mut self) {
+        self.shared.deferring.store(false, Ordering::Release);
+        for buf in std::mem::take(&mut self.deferred) {
+            self.owed += 1;
+            self.ep().stage_recv(buf);
+        }
     }
 
     fn deliver_ready(&mut self) {
@@ -690,6 +741,8 @@ impl Driver {
             if let Some(tx) = &self.deliver {
                 if tx.send(d).is_err() {
                     self.deliver = None;
+                } else {
+                    self.shared.backlog.fetch_add(1, Ordering::AcqRel);
                 }
             }
         }
@@ -1017,6 +1070,7 @@ pub struct VerbsReceiver {
     rx: mpsc::UnboundedReceiver<Delivery>,
     done: Option<Option<Fail>>,
     metrics: Arc<Metrics>,
+    shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for VerbsReceiver {
@@ -1032,7 +1086,19 @@ impl MessageReceiver for VerbsReceiver {
             Some(Some(f)) => return Err(f.to_error()),
             None => {}
         }
-        match self.rx.recv().await {
+        let d = self.rx.recv().await;
+        if d.is_some() {
+            let _ = self
+                .shared
+                .backlog
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                    Some(v.saturating_sub(1))
+                });
+            if self.shared.deferring.load(Ordering::Acquire) {
+                self.shared.drained.notify_one();
+            }
+        }
+        match d {
             Some(Delivery::Msg(m)) => {
                 self.metrics.messages_received.incr();
                 Ok(Some(m))
