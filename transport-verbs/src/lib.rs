@@ -54,6 +54,9 @@
 //!   of them in flight, so replies are not stuck behind a large transfer) straight into it, then
 //!   sends FIN so the sender releases the memory. A payload above the receiver's limit is refused
 //!   (FIN without a READ) and reported as `MessageTooLarge` with its header.
+//! - **Backpressure.** When the application leaves more than `4 × recv_depth` received
+//!   messages untaken, receive buffers are held back (not re-posted, no credit returned) until
+//!   it reads: the peer waits on credits instead of this side queueing without bound.
 //! - **Completions.** One CQ per connection, armed through a completion channel whose fd sits
 //!   on tokio's `AsyncFd`; every wake drains the CQ completely and posts everything credits
 //!   allow with one doorbell. Sends are signaled selectively: the last of each batch and at
