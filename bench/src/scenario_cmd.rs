@@ -6,6 +6,7 @@
 //! bench scenario clients       10, 20, 30, 50, 100 concurrent clients, trivial handler
 //! bench scenario slow-clients  the same with a handler that takes 500 ms (a timer, no CPU)
 //! bench scenario orb           "one call per connection, five connections" vs the pipelined default
+//! bench scenario framework     gRPC (tonic over the byte-stream adapter) vs native RPC, same transport
 //! bench scenario all           every scenario above
 //! ```
 //!
@@ -47,6 +48,8 @@ pub enum ScenarioName {
     SlowClients,
     /// The client's connection / in-flight shape: classic ORB pool vs pipelined.
     Orb,
+    /// What a framework costs: gRPC (tonic over `transport-stream`) vs native RPC.
+    Framework,
     /// Every scenario.
     All,
 }
@@ -60,6 +63,7 @@ impl ScenarioName {
                 ScenarioName::Clients,
                 ScenarioName::SlowClients,
                 ScenarioName::Orb,
+                ScenarioName::Framework,
             ],
             s => vec![s],
         }
@@ -72,6 +76,7 @@ impl ScenarioName {
             ScenarioName::Clients => "clients",
             ScenarioName::SlowClients => "slow-clients",
             ScenarioName::Orb => "orb",
+            ScenarioName::Framework => "framework",
             ScenarioName::All => "all",
         }
     }
@@ -83,7 +88,7 @@ impl ScenarioName {
             ScenarioName::Structured | ScenarioName::Orb => 1.0,
             ScenarioName::Clients => 2.0,
             ScenarioName::SlowClients => 3.0,
-            ScenarioName::All => 1.0,
+            ScenarioName::Framework | ScenarioName::All => 1.0,
         }
     }
 }
@@ -121,6 +126,12 @@ pub struct ScenarioArgs {
     /// Orb scenario: payload of each call (K/M suffixes).
     #[arg(long, default_value = "64K", value_parser = crate::parse_size)]
     pub payload: usize,
+    /// Framework scenario: number of small (64 B) unary calls per framework.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub small_calls: u64,
+    /// Framework scenario: number of 1 MiB unary echoes per framework.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    pub large_calls: u64,
     /// CPU placement of client and server.
     #[arg(long, value_enum, default_value_t = Pin::Same)]
     pub pin: Pin,
@@ -163,6 +174,19 @@ pub struct Row {
     pub stats: Stats,
 }
 
+/// gRPC vs native RPC on one transport (the framework scenario).
+#[derive(Debug, Clone, Serialize)]
+pub struct FrameworkRow {
+    /// Transport name.
+    pub transport: &'static str,
+    /// Small (64 B) unary calls per second: gRPC, native.
+    pub small_calls_per_s: (f64, f64),
+    /// 1 MiB unary echo, MB/s of payload: gRPC, native.
+    pub large_mb_per_s: (f64, f64),
+    /// gRPC / native, small and large.
+    pub ratio: (f64, f64),
+}
+
 /// The whole scenario run.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScenarioReport {
@@ -174,6 +198,8 @@ pub struct ScenarioReport {
     pub placement: Placement,
     /// The rows, in run order.
     pub rows: Vec<Row>,
+    /// The framework scenario's rows.
+    pub framework: Vec<FrameworkRow>,
     /// Transports not measured, and why.
     pub unavailable: Vec<Unavailable>,
     /// Wall time of the run, seconds.
@@ -206,7 +232,9 @@ pub fn run(args: &ScenarioArgs) -> Result<(), String> {
         pb
     };
     let mut rows = Vec::new();
+    let mut framework = Vec::new();
     let mut unavailable = Vec::new();
+    let fw = scenarios.contains(&ScenarioName::Framework);
     for t in wanted {
         match t {
             TransportName::Uds => {
@@ -217,12 +245,32 @@ pub fn run(args: &ScenarioArgs) -> Result<(), String> {
                 let r = rt.block_on(run_on(&uds, &addr, "uds", &scenarios, args, &progress));
                 let _ = std::fs::remove_file(&path);
                 rows.extend(r?);
+                if fw {
+                    let dir = std::env::temp_dir();
+                    let n = std::sync::atomic::AtomicU32::new(0);
+                    let pid = std::process::id();
+                    let addr = || {
+                        let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        UdsAddr(dir.join(format!("bench-fw-{pid}-{i}.sock")))
+                    };
+                    framework
+                        .push(rt.block_on(compare_frameworks("uds", uds, addr, args, &progress))?);
+                }
             }
             TransportName::Tcp => {
                 let tcp = TcpTransport::default();
                 let any: SocketAddr = "127.0.0.1:0".parse().expect("valid");
                 let addr = spawn_server(tcp.clone(), any, place.server_core)?;
                 rows.extend(rt.block_on(run_on(&tcp, &addr, "tcp", &scenarios, args, &progress))?);
+                if fw {
+                    framework.push(rt.block_on(compare_frameworks(
+                        "tcp",
+                        tcp,
+                        || any,
+                        args,
+                        &progress,
+                    ))?);
+                }
             }
             TransportName::Verbs => match crate::verbs_here() {
                 Ok((verbs, any)) => {
@@ -230,6 +278,15 @@ pub fn run(args: &ScenarioArgs) -> Result<(), String> {
                     rows.extend(
                         rt.block_on(run_on(&verbs, &addr, "verbs", &scenarios, args, &progress))?,
                     );
+                    if fw {
+                        framework.push(rt.block_on(compare_frameworks(
+                            "verbs",
+                            verbs,
+                            || any,
+                            args,
+                            &progress,
+                        ))?);
+                    }
                 }
                 Err(reason) => unavailable.push(Unavailable {
                     transport: "verbs".into(),
@@ -244,6 +301,7 @@ pub fn run(args: &ScenarioArgs) -> Result<(), String> {
         scenarios,
         placement: place,
         rows,
+        framework,
         unavailable,
         wall_seconds: started.elapsed().as_secs_f64(),
     };
@@ -269,6 +327,7 @@ fn cells(s: ScenarioName, args: &ScenarioArgs) -> u64 {
         ScenarioName::Structured => Mode::ALL.len() as u64,
         ScenarioName::Clients | ScenarioName::SlowClients => args.clients.len() as u64,
         ScenarioName::Orb => 4,
+        ScenarioName::Framework => 1,
         ScenarioName::All => 0,
     }
 }
@@ -430,10 +489,38 @@ async fn run_on<T: Transport>(
                         .await?;
                 }
             }
+            ScenarioName::Framework => {} // measured by compare_frameworks
             ScenarioName::All => unreachable!("expanded"),
         }
     }
     Ok(cx.rows)
+}
+
+/// gRPC (tonic over the byte-stream adapter) vs native RPC on one transport, with
+/// `grpc_demo::compare`: one connection, one call in flight.
+async fn compare_frameworks<T: Transport>(
+    name: &'static str,
+    transport: T,
+    addr: impl Fn() -> T::Addr,
+    args: &ScenarioArgs,
+    progress: &ProgressBar,
+) -> Result<FrameworkRow, String> {
+    progress.set_message(format!("{name} framework"));
+    let cfg = grpc_demo::compare::CompareConfig {
+        small_calls: args.small_calls as usize,
+        large_calls: args.large_calls as usize,
+        ..Default::default()
+    };
+    let c = grpc_demo::compare::compare(name, transport, addr, &cfg)
+        .await
+        .map_err(|e| format!("{name} framework: {e}"))?;
+    progress.inc(1);
+    Ok(FrameworkRow {
+        transport: name,
+        small_calls_per_s: (c.grpc.small_calls_per_s, c.native.small_calls_per_s),
+        large_mb_per_s: (c.grpc.large_mb_per_s, c.native.large_mb_per_s),
+        ratio: (c.small_ratio(), c.large_ratio()),
+    })
 }
 
 /// Tables, one per scenario.
@@ -444,6 +531,39 @@ pub fn render(r: &ScenarioReport) -> String {
         let _ = writeln!(out, "{}: not available: {}", u.transport, u.reason);
     }
     for &s in &r.scenarios {
+        if s == ScenarioName::Framework && !r.framework.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nwhat a framework costs: gRPC (tonic over transport-stream) vs native RPC, one call in flight"
+            );
+            table(
+                &mut out,
+                &[
+                    "transport",
+                    "64 B calls/s gRPC",
+                    "native",
+                    "1 MiB echo MB/s gRPC",
+                    "native",
+                    "gRPC/native small",
+                    "large",
+                ],
+                r.framework
+                    .iter()
+                    .map(|f| {
+                        vec![
+                            f.transport.to_string(),
+                            format!("{:.0}", f.small_calls_per_s.0),
+                            format!("{:.0}", f.small_calls_per_s.1),
+                            format!("{:.1}", f.large_mb_per_s.0),
+                            format!("{:.1}", f.large_mb_per_s.1),
+                            format!("{:.2}x", f.ratio.0),
+                            format!("{:.2}x", f.ratio.1),
+                        ]
+                    })
+                    .collect(),
+            );
+            continue;
+        }
         let rows: Vec<&Row> = r.rows.iter().filter(|x| x.scenario == s.label()).collect();
         if rows.is_empty() {
             continue;
@@ -539,7 +659,7 @@ pub fn render(r: &ScenarioReport) -> String {
                         .collect(),
                 );
             }
-            ScenarioName::All => {}
+            ScenarioName::Framework | ScenarioName::All => {}
         }
     }
     let _ = writeln!(out, "\nwall time {:.1} s", r.wall_seconds);
@@ -677,6 +797,17 @@ pub fn write_svg(r: &ScenarioReport, path: &Path) -> Result<(), String> {
                 );
             }
             (x_label, y_label, title) = ("encoded bytes", "echo Mbit/s", "typed echo");
+        }
+        ScenarioName::Framework => {
+            for (i, f) in r.framework.iter().enumerate() {
+                push("gRPC 64 B calls/s".into(), i as f64, f.small_calls_per_s.0);
+                push(
+                    "native 64 B calls/s".into(),
+                    i as f64,
+                    f.small_calls_per_s.1,
+                );
+            }
+            (x_label, y_label, title) = ("transport (in run order)", "calls/s", "framework");
         }
         _ => {
             for (i, x) in r

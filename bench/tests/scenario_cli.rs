@@ -24,7 +24,9 @@ fn bad_arguments_are_named() {
     let o = bench(&["scenario", "nope"]);
     assert!(!o.status.success());
     assert!(
-        stderr(&o).contains("possible values: typed, structured, clients, slow-clients, orb, all"),
+        stderr(&o).contains(
+            "possible values: typed, structured, clients, slow-clients, orb, framework, all"
+        ),
         "{}",
         stderr(&o)
     );
@@ -166,4 +168,26 @@ fn plot_is_svg_and_verbs_absence_is_reported() {
             ),
         "{v}"
     );
+}
+
+#[test]
+fn framework_scenario_compares_grpc_with_native_rpc() {
+    let v = json(&bench(&[
+        "scenario",
+        "framework",
+        "--transports",
+        "uds",
+        "--small-calls",
+        "50",
+        "--large-calls",
+        "3",
+        "--json",
+    ]));
+    let f = v["framework"].as_array().unwrap();
+    assert_eq!(f.len(), 1, "{v}");
+    assert_eq!(f[0]["transport"], "uds");
+    for k in ["small_calls_per_s", "large_mb_per_s", "ratio"] {
+        let pair = f[0][k].as_array().unwrap();
+        assert!(pair.iter().all(|x| x.as_f64().unwrap() > 0.0), "{k}: {v}");
+    }
 }
