@@ -5,7 +5,8 @@ use crate::report::{size_label, Report};
 use plotters::prelude::*;
 use std::path::Path;
 
-const COLORS: [RGBColor; 6] = [
+/// Line colours, shared with the scenario plots.
+pub(crate) const COLORS: [RGBColor; 6] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),

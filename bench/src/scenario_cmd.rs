@@ -843,16 +843,8 @@ pub fn write_svg(r: &ScenarioReport, path: &Path) -> Result<(), String> {
         .y_desc(y_label)
         .draw()
         .map_err(|e| err(&e))?;
-    const COLORS: [RGBColor; 6] = [
-        RGBColor(31, 119, 180),
-        RGBColor(214, 39, 40),
-        RGBColor(44, 160, 44),
-        RGBColor(148, 103, 189),
-        RGBColor(255, 127, 14),
-        RGBColor(23, 190, 207),
-    ];
     for (i, (name, pts)) in series.into_iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
+        let color = crate::plot::COLORS[i % crate::plot::COLORS.len()];
         chart
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
             .map_err(|e| err(&e))?

@@ -18,6 +18,7 @@ use transport_core::rpc::{code, ClientConfig, RpcClient, RpcError, RpcServer, Se
 use transport_core::{Listener, Transport};
 use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
+use transport_verbs::conformance::VerbsBackend;
 use transport_verbs::{VerbsConfig, VerbsTransport};
 
 struct Bed<T: Transport> {
@@ -60,21 +61,9 @@ async fn tcp() -> Option<Bed<TcpTransport>> {
 }
 
 async fn verbs() -> Option<Bed<VerbsTransport>> {
-    let required = std::env::var("TRANSPORT_VERBS_REQUIRE_DEVICE").is_ok_and(|v| v == "1");
-    let transport = match VerbsTransport::new(VerbsConfig::default()) {
-        Ok(t) => t,
-        Err(e) if !required => {
-            assert!(
-                e.is_no_device(),
-                "expected the typed no-device error: {e:?}"
-            );
-            eprintln!("verbs: no RDMA device ({e}); case not run");
-            return None;
-        }
-        Err(e) => panic!("TRANSPORT_VERBS_REQUIRE_DEVICE=1 but: {e}"),
-    };
-    let ip = transport_verbs::local_rdma_ip().expect("an RDMA device with an IPv4 GID");
-    Some(serve(transport, SocketAddr::new(ip, 0), None).await)
+    let backend = VerbsBackend::for_this_machine()?;
+    let transport = VerbsTransport::new(VerbsConfig::default()).expect("verbs transport");
+    Some(serve(transport, SocketAddr::new(backend.ip(), 0), None).await)
 }
 
 fn shape(clients: usize, connections: usize, in_flight: usize, ms: u64) -> LoadConfig {

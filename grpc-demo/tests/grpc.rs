@@ -4,48 +4,19 @@
 //! A backend is one `service_tests!(module, BackendExpr)` line; the backend type is the
 //! conformance suite's [`Backend`], which every transport's tests implement (verbs too).
 
-mod common {
-    pub mod verbs;
-}
-
 use bytes::Bytes;
 use grpc_demo::{grpc, native, pattern, pb};
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use transport_core::conformance::{Backend, PROMPT};
 use transport_core::{Listener, Transport};
 use transport_stream::{StreamConfig, StreamListener};
-use transport_tcp::{TcpConfig, TcpTransport};
-use transport_uds::{UdsAddr, UdsConfig, UdsTransport};
 
 const MAX: usize = 64 << 20;
 
-struct Tcp;
-impl Backend for Tcp {
-    type T = TcpTransport;
-    fn transport(&self, max_message_size: usize) -> TcpTransport {
-        TcpTransport::new(TcpConfig::with_max_message_size(max_message_size))
-    }
-    fn listen_addr(&self) -> SocketAddr {
-        "127.0.0.1:0".parse().unwrap()
-    }
-}
-
-struct Uds;
-impl Backend for Uds {
-    type T = UdsTransport;
-    fn transport(&self, max_message_size: usize) -> UdsTransport {
-        UdsTransport::new(UdsConfig::with_max_message_size(max_message_size))
-    }
-    fn listen_addr(&self) -> UdsAddr {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!("grpc-demo-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        UdsAddr(dir.join(format!("s{}.sock", N.fetch_add(1, Ordering::Relaxed))))
-    }
-}
+use transport_tcp::conformance::TcpBackend as Tcp;
+use transport_uds::conformance::UdsBackend as Uds;
+use transport_verbs::conformance::VerbsBackend;
 
 type Addr<B> = <<B as Backend>::T as Transport>::Addr;
 
@@ -327,7 +298,7 @@ service_tests!(tcp, Tcp);
 service_tests!(uds, Uds);
 service_tests!(
     verbs,
-    match common::verbs::Verbs::for_this_machine() {
+    match VerbsBackend::for_this_machine() {
         Some(b) => b,
         None => return,
     }

@@ -19,6 +19,9 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use std::net::SocketAddr;
 use std::sync::Arc;

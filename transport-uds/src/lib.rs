@@ -21,6 +21,9 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};

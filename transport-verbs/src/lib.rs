@@ -117,6 +117,8 @@
 //! Without RDMA, `cargo xtask testbed verbs` runs the same tests in a QEMU guest with `rdma_rxe`
 //! (see `docs/testbed.md`).
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod device;
 mod error;
 mod ffi;

@@ -6,51 +6,9 @@
 //! typed no-device error and returns (it prints that it did; `cargo xtask testbed verbs`
 //! checks that the guest ran all of them).
 
-use std::net::{IpAddr, SocketAddr};
-use transport_core::conformance::Backend;
-use transport_verbs::{VerbsConfig, VerbsTransport};
+use transport_verbs::conformance::VerbsBackend;
 
-struct Verbs {
-    ip: IpAddr,
-}
-
-impl Verbs {
-    /// The backend, or `None` (after checking the typed error) on a machine without RDMA.
-    fn for_this_machine() -> Option<Verbs> {
-        let required = std::env::var("TRANSPORT_VERBS_REQUIRE_DEVICE").is_ok_and(|v| v == "1");
-        match VerbsTransport::new(VerbsConfig::default()) {
-            Ok(_) => {}
-            Err(e) if !required => {
-                assert!(
-                    e.is_no_device(),
-                    "expected the typed no-device error: {e:?}"
-                );
-                eprintln!("verbs conformance: no RDMA device ({e}); case not run");
-                return None;
-            }
-            Err(e) => panic!("TRANSPORT_VERBS_REQUIRE_DEVICE=1 but: {e}"),
-        }
-        let ip = match std::env::var("TB_IP_ADDR") {
-            Ok(s) => s.parse().expect("TB_IP_ADDR is an IP address"),
-            Err(_) => transport_verbs::local_rdma_ip()
-                .expect("set TB_IP_ADDR to the RDMA interface's IP (no RoCE v2 IPv4 GID)"),
-        };
-        Some(Verbs { ip })
-    }
-}
-
-impl Backend for Verbs {
-    type T = VerbsTransport;
-    fn transport(&self, max_message_size: usize) -> VerbsTransport {
-        VerbsTransport::new(VerbsConfig::with_max_message_size(max_message_size))
-            .expect("verbs transport")
-    }
-    fn listen_addr(&self) -> SocketAddr {
-        SocketAddr::new(self.ip, 0)
-    }
-}
-
-transport_core::conformance_tests!(match Verbs::for_this_machine() {
+transport_core::conformance_tests!(match VerbsBackend::for_this_machine() {
     Some(b) => b,
     None => return,
 });
