@@ -258,7 +258,7 @@ fn command(f: &Fetched, initrd: &Path, spec: &GuestSpec) -> Command {
             "-cpu",
             "max",
             "-m",
-            "512M",
+            "2G",
             "-smp",
             "2",
         ])
