@@ -1,18 +1,10 @@
 //! The `bench` command line as a user runs it: argument errors, JSON output, the SVG plot,
 //! the doctor. No timing is asserted: only shape and consistency.
 
-use std::process::{Command, Output};
+mod common;
 
-fn bench(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_bench"))
-        .args(args)
-        .output()
-        .expect("run bench")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::{bench, stderr};
+use std::process::Command;
 
 /// Tiny settings: a run takes well under a second even in a debug build.
 const TINY: &[&str] = &[

@@ -1,18 +1,10 @@
 //! `bench scenario` as a user runs it: argument errors, JSON shape, the SVG plot, verbs reported
 //! as unavailable (with its reason) on a machine without RDMA. No timing is asserted.
 
-use std::process::{Command, Output};
+mod common;
 
-fn bench(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_bench"))
-        .args(args)
-        .output()
-        .expect("run bench")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::{bench, stderr};
+use std::process::Output;
 
 fn json(o: &Output) -> serde_json::Value {
     assert!(o.status.success(), "bench failed: {}", stderr(o));
