@@ -89,6 +89,8 @@ pub struct Outcome {
     pub cpu: Duration,
     /// Minor page faults of this process over the measurement (fresh memory being touched).
     pub page_faults: u64,
+    /// Context switches of this process over the measurement (threads blocking and waking).
+    pub context_switches: u64,
 }
 
 impl Outcome {
@@ -143,7 +145,7 @@ where
         ));
     }
     barrier.wait();
-    let cpu0 = sys::cpu_time();
+    let before = sys::usage();
     let mut results = Vec::with_capacity(threads);
     let mut first_err = None;
     for h in handles {
@@ -157,9 +159,7 @@ where
             }
         }
     }
-    let (cpu1, faults1) = sys::cpu_time();
-    let cpu = cpu1.saturating_sub(cpu0.0);
-    let page_faults = faults1.saturating_sub(cpu0.1);
+    let used = sys::usage() - before;
     if let Some(e) = first_err {
         return Err(e);
     }
@@ -187,8 +187,9 @@ where
         payload_bytes: bytes,
         latency,
         metrics,
-        cpu,
-        page_faults,
+        cpu: used.cpu,
+        page_faults: used.minor_faults,
+        context_switches: used.context_switches,
     })
 }
 
@@ -465,6 +466,9 @@ pub struct CostFigures {
     pub cpu_us_per_call: f64,
     /// Minor page faults (whole process) per call: buffers allocated fresh instead of reused.
     pub page_faults_per_call: f64,
+    /// Context switches (whole process) per call: every one is a thread going to sleep on a
+    /// socket or completion and being woken again.
+    pub context_switches_per_call: f64,
 }
 
 impl CostFigures {
@@ -488,6 +492,7 @@ impl CostFigures {
             },
             cpu_us_per_call: o.cpu.as_secs_f64() * 1e6 / calls,
             page_faults_per_call: o.page_faults as f64 / calls,
+            context_switches_per_call: o.context_switches as f64 / calls,
         }
     }
 }

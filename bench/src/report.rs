@@ -46,6 +46,10 @@ pub struct Diagnosis {
     pub page_faults_per_call: f64,
     /// Raw minor page faults per message (whole process).
     pub raw_page_faults_per_call: f64,
+    /// RPC context switches per call (whole process).
+    pub context_switches_per_call: f64,
+    /// Raw context switches per message (whole process).
+    pub raw_context_switches_per_call: f64,
     /// RPC system calls or doorbells per call (client side).
     pub syscalls_per_call: f64,
     /// Raw system calls or doorbells per message (client side).
@@ -178,6 +182,8 @@ pub fn diagnose(t: &TransportReport) -> Option<Diagnosis> {
         raw_copies_per_byte: raw.copies_per_byte,
         page_faults_per_call: rpc.page_faults_per_call,
         raw_page_faults_per_call: raw.page_faults_per_call,
+        context_switches_per_call: rpc.context_switches_per_call,
+        raw_context_switches_per_call: raw.context_switches_per_call,
         syscalls_per_call: rpc.syscalls_per_call,
         raw_syscalls_per_call: raw.syscalls_per_call,
         registrations_per_call: rpc.registrations_per_call,
@@ -307,7 +313,7 @@ impl Report {
         );
         out.push('\n');
         out.push_str(
-            "Latency: raw = 1-byte ping-pong on the backend connection, rpc = `void o()` call; µs/rt = mean per run\n",
+            "Latency: raw = 1-byte ping-pong on the backend connection, rpc = `void o()` call; raw and rpc measured in alternating chunks; µs/rt = mean per chunk\n",
         );
         let mut t = Table::new(
             &[
@@ -340,7 +346,7 @@ impl Report {
             let _ = writeln!(out, "  {:<9}  not available: {}", u.transport, u.reason);
         }
         out.push('\n');
-        out.push_str("Throughput in Mbit/s of payload: raw = message stream on the backend connection (send/oneway: into a sink, recv: from a source, echo: echoed stream); util = rpc / raw\n");
+        out.push_str("Throughput in Mbit/s of payload: raw = message stream on the backend connection (send/oneway: into a sink, recv: from a source, echo: echoed stream); util = median over the runs of rpc / raw measured back to back\n");
         let mut t = Table::new(
             &[
                 "transport",
@@ -383,6 +389,7 @@ impl Report {
                     "copies B/B rpc (raw)",
                     "faults/call rpc (raw)",
                     "syscalls/call rpc (raw)",
+                    "switches/call rpc (raw)",
                     "regs/call",
                     "mean in flight",
                     "CPU ms/GB rpc (raw)",
@@ -403,6 +410,10 @@ impl Report {
                     format!(
                         "{:.2} ({:.2})",
                         d.syscalls_per_call, d.raw_syscalls_per_call
+                    ),
+                    format!(
+                        "{:.2} ({:.2})",
+                        d.context_switches_per_call, d.raw_context_switches_per_call
                     ),
                     format!("{:.2}", d.registrations_per_call),
                     format!("{:.1}", d.mean_in_flight),

@@ -152,7 +152,9 @@ pub struct Cell {
     pub raw: Figures,
     /// RPC figures.
     pub rpc: Figures,
-    /// Median RPC Mbit/s / median raw Mbit/s.
+    /// RPC Mbit/s / raw Mbit/s: the median over the repetitions of the ratio of the two runs
+    /// measured back to back (a paired comparison: noise from other processes that slows one
+    /// repetition down slows both of its runs).
     pub utilization: f64,
 }
 
@@ -176,6 +178,7 @@ fn sum_outcomes(runs: &[Outcome]) -> CostFigures {
         metrics: Default::default(),
         cpu: std::time::Duration::ZERO,
         page_faults: 0,
+        context_switches: 0,
     };
     for r in runs {
         total.calls += r.calls;
@@ -183,6 +186,7 @@ fn sum_outcomes(runs: &[Outcome]) -> CostFigures {
         total.metrics.accumulate(&r.metrics);
         total.cpu += r.cpu;
         total.page_faults += r.page_faults;
+        total.context_switches += r.context_switches;
     }
     CostFigures::of(&total)
 }
@@ -221,6 +225,20 @@ fn latency(runs: &[Outcome]) -> Result<Latency, String> {
     })
 }
 
+/// Pairs of ping chunks per repetition, run in the order raw, rpc, rpc, raw, raw, rpc, ...
+const PING_PAIRS: usize = 4;
+
+/// Median over the repetitions of `rpc[i] / raw[i]` (runs measured back to back).
+fn paired_ratio(rpc: &[Outcome], raw: &[Outcome]) -> f64 {
+    Stat::of(
+        rpc.iter()
+            .zip(raw)
+            .map(|(r, w)| r.mbit_s() / w.mbit_s().max(1e-9))
+            .collect(),
+    )
+    .median
+}
+
 /// Runs the suite against the bench server at `addr`.
 pub fn run<T: Transport + Clone>(
     transport: &T,
@@ -239,26 +257,38 @@ pub fn run<T: Transport + Clone>(
         client_core: s.client_core,
     };
     let repeat = s.repeat.max(1);
-    let pings_per_run = (s.pings / repeat as u64).max(1);
+    // The pings of a repetition are measured in chunks, raw and RPC alternating as
+    // raw, rpc, rpc, raw: a burst of load from other processes, or a drift in the
+    // machine's speed, then falls on both sides alike instead of on one of them.
+    let ping_chunks = (2 * PING_PAIRS) as u64;
+    // Chunks per layer over the whole suite; the pings are shared out exactly between them.
+    let per_layer = repeat as u64 * PING_PAIRS as u64;
+    let pings_in = |i: u64| (s.pings / per_layer + u64::from(i < s.pings % per_layer)).max(1);
     let mut ping_raw = Vec::new();
     let mut ping_rpc = Vec::new();
-    // (layer, op, size, threads) -> runs
+    // (layer, op, size, threads) -> runs, in repetition order
     let mut runs: HashMap<(Layer, Op, usize, usize), Vec<Outcome>> = HashMap::new();
     let raw_ops = s.raw_ops();
     for rep in 0..repeat {
         progress.set_message(format!("{name}: ping, run {}/{repeat}", rep + 1));
-        ping_raw.push(measure::run(
-            transport,
-            addr,
-            job(Op::Ping, Layer::Raw, 1, pings_per_run, 1),
-        )?);
-        progress.inc(1);
-        ping_rpc.push(measure::run(
-            transport,
-            addr,
-            job(Op::Ping, Layer::Rpc, 0, pings_per_run, 1),
-        )?);
-        progress.inc(1);
+        for chunk in 0..ping_chunks {
+            let layer = if (chunk + 1) % 4 < 2 {
+                Layer::Raw
+            } else {
+                Layer::Rpc
+            };
+            let (size, out) = match layer {
+                Layer::Raw => (1, &mut ping_raw),
+                Layer::Rpc => (0, &mut ping_rpc),
+            };
+            let count = pings_in(out.len() as u64);
+            out.push(measure::run(
+                transport,
+                addr,
+                job(Op::Ping, layer, size, count, 1),
+            )?);
+        }
+        progress.inc(2);
         for &threads in &s.threads {
             for &size in &s.sizes {
                 let count = s.calls_for(size).max(threads as u64);
@@ -267,22 +297,27 @@ pub fn run<T: Transport + Clone>(
                     rep + 1
                 ));
                 for &op in &raw_ops {
-                    let o =
-                        measure::run(transport, addr, job(op, Layer::Raw, size, count, threads))?;
-                    runs.entry((Layer::Raw, op, size, threads))
-                        .or_default()
-                        .push(o);
-                    progress.inc(1);
-                    for &rpc_op in s.ops.iter().filter(|&&r| raw_twin(r) == op) {
-                        let o = measure::run(
-                            transport,
-                            addr,
-                            job(rpc_op, Layer::Rpc, size, count, threads),
-                        )?;
-                        runs.entry((Layer::Rpc, rpc_op, size, threads))
-                            .or_default()
-                            .push(o);
+                    // Raw first in even repetitions, RPC first in odd ones: each pair of
+                    // runs is measured back to back, and neither side always goes first.
+                    let mut measured = Vec::new();
+                    let mut jobs: Vec<(Layer, Op)> = vec![(Layer::Raw, op)];
+                    jobs.extend(
+                        s.ops
+                            .iter()
+                            .filter(|&&r| raw_twin(r) == op)
+                            .map(|&r| (Layer::Rpc, r)),
+                    );
+                    if rep % 2 == 1 {
+                        jobs.reverse();
+                    }
+                    for (layer, op) in jobs {
+                        let o =
+                            measure::run(transport, addr, job(op, layer, size, count, threads))?;
+                        measured.push(((layer, op, size, threads), o));
                         progress.inc(1);
+                    }
+                    for (key, o) in measured {
+                        runs.entry(key).or_default().push(o);
                     }
                 }
             }
@@ -301,16 +336,17 @@ pub fn run<T: Transport + Clone>(
         for &op in &s.ops {
             for &size in &s.sizes {
                 let raw_op = raw_twin(op);
-                let raw = figures(&runs[&(Layer::Raw, raw_op, size, threads)]);
-                let rpc = figures(&runs[&(Layer::Rpc, op, size, threads)]);
+                let raw_runs = &runs[&(Layer::Raw, raw_op, size, threads)];
+                let rpc_runs = &runs[&(Layer::Rpc, op, size, threads)];
+                let utilization = paired_ratio(rpc_runs, raw_runs);
                 cells.push(Cell {
                     op,
                     raw_op,
                     size,
                     threads,
-                    utilization: rpc.mbit_s.median / raw.mbit_s.median.max(1e-9),
-                    raw,
-                    rpc,
+                    utilization,
+                    raw: figures(raw_runs),
+                    rpc: figures(rpc_runs),
                 });
             }
         }

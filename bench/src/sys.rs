@@ -23,19 +23,46 @@ pub fn pin_current_thread(core: usize) -> Result<(), String> {
     sched_setaffinity(Pid::from_raw(0), &set).map_err(|e| format!("cannot pin to CPU {core}: {e}"))
 }
 
-/// User + system CPU time used by this process so far, and its minor page faults.
-pub fn cpu_time() -> (Duration, u64) {
+/// What this process has used so far (all threads).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    /// User + system CPU time.
+    pub cpu: Duration,
+    /// Minor page faults (fresh memory being touched).
+    pub minor_faults: u64,
+    /// Context switches, voluntary (a thread blocked) and involuntary (it was preempted).
+    pub context_switches: u64,
+}
+
+impl std::ops::Sub for Usage {
+    type Output = Usage;
+    fn sub(self, earlier: Usage) -> Usage {
+        Usage {
+            cpu: self.cpu.saturating_sub(earlier.cpu),
+            minor_faults: self.minor_faults.saturating_sub(earlier.minor_faults),
+            context_switches: self
+                .context_switches
+                .saturating_sub(earlier.context_switches),
+        }
+    }
+}
+
+/// This process's resource usage so far (zeros if the kernel does not say).
+pub fn usage() -> Usage {
     match getrusage(UsageWho::RUSAGE_SELF) {
         Ok(u) => {
             let t = |tv: nix::sys::time::TimeVal| {
                 Duration::from_secs(tv.tv_sec().max(0) as u64)
                     + Duration::from_micros(tv.tv_usec().max(0) as u64)
             };
-            (
-                t(u.user_time()) + t(u.system_time()),
-                u.minor_page_faults().max(0) as u64,
-            )
+            Usage {
+                cpu: t(u.user_time()) + t(u.system_time()),
+                minor_faults: u.minor_page_faults().max(0) as u64,
+                context_switches: (u.voluntary_context_switches().max(0)
+                    + u.involuntary_context_switches().max(0))
+                    as u64,
+            }
         }
-        Err(_) => (Duration::ZERO, 0),
+        Err(_) => Usage::default(),
     }
 }
