@@ -129,8 +129,13 @@ struct RunArgs {
     /// RPC calls in flight per client thread (1 = one synchronous call at a time).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
     window: u64,
+    /// Most payload bytes in flight per client thread: a byte-sequence cell of SIZE runs
+    /// min(--window, this / SIZE) calls at once (at least 1). Bytes in flight beyond the CPU
+    /// cache cost more than they hide (K/M suffixes allowed).
+    #[arg(long, default_value = "2M", value_parser = parse_bytes)]
+    window_bytes: usize,
     /// Payload bytes per throughput run (K/M suffixes allowed).
-    #[arg(long, default_value = "48M", value_parser = parse_bytes)]
+    #[arg(long, default_value = "200M", value_parser = parse_bytes)]
     bytes: usize,
     /// CPU placement of client and server.
     #[arg(long, value_enum, default_value_t = Pin::Same)]
@@ -226,6 +231,7 @@ impl RunArgs {
             min_calls: 64,
             max_calls: 20_000,
             window: self.window as usize,
+            window_bytes: self.window_bytes,
             client_core,
         }
     }
@@ -570,6 +576,17 @@ mod tests {
         assert_eq!(resolve("127.0.0.1:7").unwrap().port(), 7);
         assert_eq!(resolve("::1").unwrap().port(), DEFAULT_PORT);
         assert_eq!(resolve("[::1]:9").unwrap().port(), 9);
+    }
+
+    #[test]
+    fn window_bytes_caps_calls_in_flight() {
+        let cli = Cli::try_parse_from(["bench", "--window", "16", "--window-bytes", "2M"]).unwrap();
+        let s = cli.run.settings(None);
+        assert_eq!(s.window_for(1024), 16);
+        assert_eq!(s.window_for(256 << 10), 8);
+        assert_eq!(s.window_for(500_000), 4);
+        assert_eq!(s.window_for(1 << 20), 2);
+        assert_eq!(s.window_for(64 << 20), 1, "never below one call");
     }
 
     #[test]

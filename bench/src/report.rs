@@ -244,7 +244,7 @@ fn verdict(d: &Diagnosis, util: f64, ping_ratio: f64, twoway: bool) -> String {
             // Structural: with one call at a time nothing else can close the gap.
             1.0 - util + 0.5,
             format!(
-                "too few calls in flight (mean {:.1}): every call waits a full round trip; raise --window",
+                "too few calls in flight (mean {:.1}): every call waits a full round trip; raise --window or --window-bytes",
                 d.mean_in_flight
             ),
         ));
@@ -308,8 +308,8 @@ impl Report {
         let _ = writeln!(out, "placement: {}", self.placement.summary);
         let _ = writeln!(
             out,
-            "runs: {} per figure, shown as median (min-max); RPC window: {} calls in flight per client thread",
-            self.settings.repeat, self.settings.window
+            "runs: {} per figure, shown as median (min-max); RPC window: up to {} calls and {} in flight per client thread",
+            self.settings.repeat, self.settings.window, size_label(self.settings.window_bytes)
         );
         out.push('\n');
         out.push_str(

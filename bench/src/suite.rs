@@ -28,6 +28,8 @@ pub struct Settings {
     pub max_calls: u64,
     /// RPC calls in flight per client thread.
     pub window: usize,
+    /// Most payload bytes in flight per client thread (caps `window` for large sizes).
+    pub window_bytes: usize,
     /// CPU the client threads are pinned to.
     pub client_core: Option<usize>,
 }
@@ -36,6 +38,11 @@ impl Settings {
     /// Calls per throughput measurement for `size`.
     pub fn calls_for(&self, size: usize) -> u64 {
         (self.bytes_per_run / size.max(1) as u64).clamp(self.min_calls, self.max_calls)
+    }
+
+    /// RPC calls in flight per client thread for payloads of `size` bytes.
+    pub fn window_for(&self, size: usize) -> usize {
+        (self.window_bytes / size.max(1)).clamp(1, self.window.max(1))
     }
 
     /// Number of measurements the suite runs on one transport (for the progress bar).
@@ -253,7 +260,7 @@ pub fn run<T: Transport + Clone>(
         size,
         count,
         threads,
-        window: s.window,
+        window: s.window_for(size),
         client_core: s.client_core,
     };
     let repeat = s.repeat.max(1);
