@@ -688,6 +688,10 @@ impl<C: Connection> AsyncWrite for ByteStream<C> {
     }
 }
 
+/// How long [`StreamListener::incoming`] waits after a failed accept before yielding the error
+/// (the same pause `RpcServer::serve` makes).
+pub const ACCEPT_ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// A listener that yields [`ByteStream`]s.
 pub struct StreamListener<L: Listener> {
     inner: L,
@@ -726,13 +730,63 @@ impl<L: Listener> StreamListener<L> {
 
     /// The accepted streams as a [`futures_util::Stream`] (what
     /// `tonic::transport::Server::serve_with_incoming` takes).
+    ///
+    /// A failed accept is yielded as an error after a pause of [`ACCEPT_ERROR_BACKOFF`]:
+    /// servers such as tonic log the error and poll again at once, and an error that lasts
+    /// (out of file descriptors, say) would otherwise keep a core busy until it clears.
     pub fn incoming(
         self,
     ) -> impl futures_util::Stream<Item = io::Result<ByteStream<L::Connection>>> + Send + 'static
     {
         futures_util::stream::unfold(self, |mut l| async move {
             let r = l.accept().await;
+            if r.is_err() {
+                tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
+            }
             Some((r, l))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+    use transport_core::Listener;
+
+    /// A listener whose every accept fails the same way.
+    struct Failing(io::ErrorKind);
+
+    impl Listener for Failing {
+        type Addr = String;
+        type Connection = transport_tcp::TcpConnection;
+
+        fn local_addr(&self) -> Result<String, TransportError> {
+            Ok("nowhere".into())
+        }
+
+        async fn accept(&mut self) -> Result<Self::Connection, TransportError> {
+            tokio::task::yield_now().await;
+            Err(TransportError::Io(io::Error::new(self.0, "accept failed")))
+        }
+    }
+
+    /// A lasting accept error is yielded at most once per backoff, not in a tight loop.
+    #[tokio::test(start_paused = true)]
+    async fn incoming_backs_off_after_accept_errors() {
+        let incoming =
+            StreamListener::new(Failing(io::ErrorKind::OutOfMemory), StreamConfig::default())
+                .incoming();
+        let mut incoming = std::pin::pin!(incoming);
+        let start = tokio::time::Instant::now();
+        for _ in 0..5 {
+            let e = incoming.next().await.expect("the stream never ends");
+            assert_eq!(e.err().map(|e| e.kind()), Some(io::ErrorKind::OutOfMemory));
+        }
+        assert!(
+            start.elapsed() >= 5 * ACCEPT_ERROR_BACKOFF,
+            "5 errors in {:?}",
+            start.elapsed()
+        );
     }
 }
