@@ -253,8 +253,25 @@ fn verdict(d: &Diagnosis, util: f64, ping_ratio: f64, twoway: bool) -> String {
         candidates.push((
             (d.syscalls_per_call / d.raw_syscalls_per_call - 1.0) * 0.5,
             format!(
-                "system calls: {:.2} per call against {:.2} per raw message",
-                d.syscalls_per_call, d.raw_syscalls_per_call
+                "system calls: {:.2} per call against {:.2} per raw message{}",
+                d.syscalls_per_call,
+                d.raw_syscalls_per_call,
+                if twoway {
+                    " (the reply a twoway call adds: a write on the server and a read and wake-up on the client per call, unless replies are written together)"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
+    let extra_switches = d.context_switches_per_call - d.raw_context_switches_per_call;
+    if extra_switches > 0.3 && d.context_switches_per_call > 1.3 * d.raw_context_switches_per_call {
+        candidates.push((
+            // A switch costs a few µs: about a tenth of a large call on one core.
+            extra_switches * 0.1,
+            format!(
+                "wake-ups: {:.2} context switches per call against {:.2} per raw message (client and server take turns per call instead of per batch)",
+                d.context_switches_per_call, d.raw_context_switches_per_call
             ),
         ));
     }
@@ -428,5 +445,74 @@ impl Report {
         }
         let _ = writeln!(out, "\n(total {:.1} s)", self.wall_seconds);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A diagnosis where RPC costs exactly what raw does.
+    fn even() -> Diagnosis {
+        Diagnosis {
+            transport: "uds".into(),
+            basis: "send 256 KB x 1 thread(s)".into(),
+            utilization: 0.9,
+            copies_per_byte: 0.0,
+            raw_copies_per_byte: 0.0,
+            page_faults_per_call: 0.0,
+            raw_page_faults_per_call: 0.0,
+            context_switches_per_call: 2.6,
+            raw_context_switches_per_call: 2.6,
+            syscalls_per_call: 2.0,
+            raw_syscalls_per_call: 2.0,
+            registrations_per_call: 0.0,
+            mean_in_flight: 8.0,
+            cpu_ms_per_gb: 150.0,
+            raw_cpu_ms_per_gb: 150.0,
+            ping_cpu_us: (9.0, 9.0),
+            verdict: String::new(),
+        }
+    }
+
+    #[test]
+    fn names_the_reply_syscalls_of_twoway_calls() {
+        let d = Diagnosis {
+            syscalls_per_call: 2.6,
+            ..even()
+        };
+        let v = verdict(&d, 0.89, 1.05, true);
+        assert!(
+            v.starts_with("uds: the largest cost is system calls: 2.60"),
+            "{v}"
+        );
+        assert!(v.contains("the reply a twoway call adds"), "{v}");
+        assert!(!verdict(&d, 0.89, 1.05, false).contains("reply"));
+    }
+
+    #[test]
+    fn names_wake_ups_copies_and_the_window() {
+        let switches = Diagnosis {
+            context_switches_per_call: 1.93,
+            raw_context_switches_per_call: 0.31,
+            ..even()
+        };
+        assert!(verdict(&switches, 0.74, 1.1, true).contains("wake-ups: 1.93"));
+        let copies = Diagnosis {
+            copies_per_byte: 1.0,
+            ..even()
+        };
+        assert!(verdict(&copies, 0.6, 1.1, true).contains("payload copies: 1.00"));
+        let sync = Diagnosis {
+            mean_in_flight: 1.0,
+            ..even()
+        };
+        assert!(verdict(&sync, 0.5, 1.1, true).contains("too few calls in flight"));
+    }
+
+    #[test]
+    fn says_so_when_nothing_costs_more() {
+        let v = verdict(&even(), 0.99, 1.02, true);
+        assert!(v.contains("no measurable cost above raw"), "{v}");
     }
 }
