@@ -257,7 +257,7 @@ fn verdict(d: &Diagnosis, util: f64, ping_ratio: f64, twoway: bool) -> String {
                 d.syscalls_per_call,
                 d.raw_syscalls_per_call,
                 if twoway {
-                    " (the reply a twoway call adds: a write on the server and a read and wake-up on the client per call, unless replies are written together)"
+                    " (a twoway call is two messages where the raw stream has one: the other one costs a write, a read and a wake-up per call unless several are written together)"
                 } else {
                     ""
                 }
@@ -486,8 +486,8 @@ mod tests {
             v.starts_with("uds: the largest cost is system calls: 2.60"),
             "{v}"
         );
-        assert!(v.contains("the reply a twoway call adds"), "{v}");
-        assert!(!verdict(&d, 0.89, 1.05, false).contains("reply"));
+        assert!(v.contains("a twoway call is two messages"), "{v}");
+        assert!(!verdict(&d, 0.89, 1.05, false).contains("twoway"));
     }
 
     #[test]

@@ -412,3 +412,83 @@ async fn read_responses<R: MessageReceiver, S>(mut rx: R, shared: Arc<Shared<S>>
     tracing::debug!(error = %err, "rpc client connection ended");
     shared.fail_all(err);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::test_util::Duplex;
+    use crate::rpc::{Request, RpcServer, ServerConfig, Status};
+    use std::time::Duration;
+
+    /// No more than `max_in_flight` calls reach the server at once; the others wait for a
+    /// slot and go out as earlier calls finish.
+    #[tokio::test]
+    async fn max_in_flight_holds_back_further_calls() {
+        let (client_end, server_end) = Duplex::pair(1 << 20);
+        let server_metrics = server_end.metrics();
+        let (open, gate) = tokio::sync::watch::channel(false);
+        let server = RpcServer::new(
+            move |req: Request| {
+                let mut gate = gate.clone();
+                async move {
+                    let _ = gate.wait_for(|open| *open).await;
+                    Ok::<_, Status>(req.payload)
+                }
+            },
+            ServerConfig::default(),
+        );
+        tokio::spawn(async move { server.serve_connection(server_end).await });
+        let client = RpcClient::new(
+            client_end,
+            ClientConfig {
+                max_in_flight: 3,
+                default_deadline: None,
+            },
+        );
+        let calls: Vec<_> = (0..10u8)
+            .map(|i| {
+                let c = client.clone();
+                tokio::spawn(async move { c.call(1, Bytes::from(vec![i])).await })
+            })
+            .collect();
+        while server_metrics.snapshot().messages_received < 3 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(server_metrics.snapshot().messages_received, 3);
+        assert_eq!(client.in_flight(), 3);
+        open.send(true).expect("handlers wait");
+        for (i, call) in calls.into_iter().enumerate() {
+            assert_eq!(call.await.expect("task").expect("call"), vec![i as u8]);
+        }
+        assert_eq!(client.metrics().snapshot().in_flight_max, 3);
+    }
+
+    /// Calls waiting for a slot fail with the connection's error when it closes.
+    #[tokio::test]
+    async fn waiting_calls_fail_when_the_connection_closes() {
+        let (client_end, server_end) = Duplex::pair(1 << 20);
+        let client = RpcClient::new(
+            client_end,
+            ClientConfig {
+                max_in_flight: 1,
+                default_deadline: None,
+            },
+        );
+        let calls: Vec<_> = (0..3)
+            .map(|_| {
+                let c = client.clone();
+                tokio::spawn(async move { c.call(1, Bytes::new()).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(server_end);
+        for call in calls {
+            let r = tokio::time::timeout(Duration::from_secs(10), call)
+                .await
+                .expect("no call hangs")
+                .expect("task");
+            assert!(matches!(r, Err(ref e) if e.is_connection_error()), "{r:?}");
+        }
+    }
+}

@@ -20,3 +20,6 @@ pub use client::{CallOptions, ClientConfig, RpcClient};
 pub use error::{code, RpcError, Status, MAX_STATUS_MESSAGE};
 pub use header::{HeaderError, Kind, RpcHeader, RPC_HEADER_LEN};
 pub use server::{Handler, Request, RpcServer, ServerConfig};
+
+#[cfg(test)]
+mod test_util;

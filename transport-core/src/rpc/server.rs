@@ -472,67 +472,8 @@ type RunningCall =
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rpc::test_util::Duplex;
     use crate::rpc::{ClientConfig, RpcClient};
-    use crate::stream::{StreamConfig, StreamReceiver, StreamSender};
-    use crate::{Capabilities, Metrics};
-    use tokio::io::{DuplexStream, ReadHalf, WriteHalf};
-
-    /// One end of an in-memory stream connection.
-    struct Duplex {
-        io: DuplexStream,
-        config: StreamConfig,
-        metrics: Arc<Metrics>,
-    }
-
-    impl Duplex {
-        fn pair(max_message_size: usize) -> (Duplex, Duplex) {
-            let (a, b) = tokio::io::duplex(1 << 20);
-            let config = StreamConfig {
-                max_message_size,
-                ..StreamConfig::default()
-            };
-            let end = |io| Duplex {
-                io,
-                config: config.clone(),
-                metrics: Arc::default(),
-            };
-            (end(a), end(b))
-        }
-    }
-
-    impl Connection for Duplex {
-        type Sender = StreamSender<WriteHalf<DuplexStream>>;
-        type Receiver = StreamReceiver<ReadHalf<DuplexStream>>;
-
-        fn capabilities(&self) -> Capabilities {
-            Capabilities {
-                name: "duplex",
-                max_message_size: self.config.max_message_size,
-                max_header_len: crate::MAX_HEADER_LEN,
-                inline_size: 0,
-                rdma_read: false,
-                rdma_write: false,
-                zero_copy_send: true,
-                zero_copy_recv: true,
-                registered_buffers: false,
-                event_fd: false,
-                reliable_ordered: true,
-            }
-        }
-        fn metrics(&self) -> Arc<Metrics> {
-            self.metrics.clone()
-        }
-        fn peer(&self) -> String {
-            "duplex".into()
-        }
-        fn split(self) -> (Self::Sender, Self::Receiver) {
-            let (r, w) = tokio::io::split(self.io);
-            (
-                StreamSender::new(w, self.metrics.clone(), &self.config),
-                StreamReceiver::new(r, self.metrics, &self.config),
-            )
-        }
-    }
 
     /// Replies that become ready together leave in a few writes, not one write per call, and
     /// each still reaches its own caller.
