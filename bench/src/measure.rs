@@ -137,10 +137,21 @@ where
                     .enable_all()
                     .build()
                     .map_err(|e| e.to_string())?;
-                rt.block_on(client_thread(&transport, &addr, job, share, &barrier))
-                    .map_err(|e| {
-                        format!("{} {}: {e}", job_name(&job), transport.capabilities().name)
-                    })
+                let name = transport.capabilities().name;
+                // The client runs as a spawned task, not as the `block_on` future itself: a
+                // wake of the `block_on` future from another task (the RPC client's response
+                // reader) costs an eventfd write and an extra epoll_wait per call, which a
+                // spawned task's wake does not (and which no tokio application that spawns
+                // its work pays).
+                let client = rt.spawn(async move {
+                    client_thread(&transport, &addr, job, share, &barrier)
+                        .await
+                        .map_err(|e| e.to_string())
+                });
+                rt.block_on(client)
+                    .map_err(|e| format!("client task failed: {e}"))
+                    .and_then(|r| r)
+                    .map_err(|e| format!("{} {name}: {e}", job_name(&job)))
             },
         ));
     }

@@ -171,6 +171,11 @@ impl Drop for ReaderTask {
 /// Must be created inside a tokio runtime: a task reads the responses. When the connection
 /// dies, every pending call fails with [`RpcError::ConnectionClosed`] or
 /// [`RpcError::ConnectionLost`], and so does every later call.
+///
+/// Make latency-critical calls from a spawned task: the response reader wakes the caller, and
+/// waking the future a current-thread runtime's `block_on` runs (rather than a task) costs
+/// that runtime an extra `epoll_wait` per call (measured: +1 system call per ping, ~5% of a
+/// loopback round trip).
 pub struct RpcClient<S: MessageSender> {
     shared: Arc<Shared<S>>,
     _reader: Arc<ReaderTask>,
