@@ -421,8 +421,7 @@ async fn read_responses<R: MessageReceiver, S>(mut rx: R, shared: Arc<Shared<S>>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rpc::test_util::Duplex;
-    use crate::rpc::{Request, RpcServer, ServerConfig, Status};
+    use crate::rpc::test_util::{gated_echo_server, Duplex};
     use std::time::Duration;
 
     /// No more than `max_in_flight` calls reach the server at once; the others wait for a
@@ -431,18 +430,7 @@ mod tests {
     async fn max_in_flight_holds_back_further_calls() {
         let (client_end, server_end) = Duplex::pair(1 << 20);
         let server_metrics = server_end.metrics();
-        let (open, gate) = tokio::sync::watch::channel(false);
-        let server = RpcServer::new(
-            move |req: Request| {
-                let mut gate = gate.clone();
-                async move {
-                    let _ = gate.wait_for(|open| *open).await;
-                    Ok::<_, Status>(req.payload)
-                }
-            },
-            ServerConfig::default(),
-        );
-        tokio::spawn(async move { server.serve_connection(server_end).await });
+        let (open, _serving) = gated_echo_server(server_end);
         let client = RpcClient::new(
             client_end,
             ClientConfig {

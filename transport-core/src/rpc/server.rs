@@ -472,7 +472,7 @@ type RunningCall =
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rpc::test_util::Duplex;
+    use crate::rpc::test_util::{gated_echo_server, Duplex};
     use crate::rpc::{ClientConfig, RpcClient};
 
     /// Replies that become ready together leave in a few writes, not one write per call, and
@@ -481,18 +481,7 @@ mod tests {
     async fn replies_ready_together_are_written_together() {
         let (client_end, server_end) = Duplex::pair(1 << 20);
         let server_metrics = server_end.metrics();
-        let (open, gate) = tokio::sync::watch::channel(false);
-        let server = RpcServer::new(
-            move |req: Request| {
-                let mut gate = gate.clone();
-                async move {
-                    let _ = gate.wait_for(|open| *open).await;
-                    Ok(req.payload)
-                }
-            },
-            ServerConfig::default(),
-        );
-        let serving = tokio::spawn(async move { server.serve_connection(server_end).await });
+        let (open, serving) = gated_echo_server(server_end);
         let client = RpcClient::new(client_end, ClientConfig::default());
         const CALLS: u64 = 64;
         let calls: Vec<_> = (0..CALLS)

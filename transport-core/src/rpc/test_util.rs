@@ -61,3 +61,27 @@ impl Connection for Duplex {
         )
     }
 }
+
+/// Serves `end` with an echo handler that holds every call until the returned switch is set to
+/// `true`; also returns the serving task.
+pub(crate) fn gated_echo_server(
+    end: Duplex,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<Result<(), crate::rpc::RpcError>>,
+) {
+    use crate::rpc::{Request, RpcServer, ServerConfig, Status};
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let server = RpcServer::new(
+        move |req: Request| {
+            let mut gate = gate.clone();
+            async move {
+                let _ = gate.wait_for(|open| *open).await;
+                Ok::<_, Status>(req.payload)
+            }
+        },
+        ServerConfig::default(),
+    );
+    let serving = tokio::spawn(async move { server.serve_connection(end).await });
+    (open, serving)
+}
