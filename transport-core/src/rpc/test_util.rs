@@ -1,9 +1,28 @@
-//! Test helpers: an in-memory stream connection for the RPC client and server tests.
+//! Test helpers for the RPC client and server tests: an in-memory stream connection, and a
+//! connection whose sender records its writes and waits for a switch.
 
 use crate::stream::{StreamConfig, StreamReceiver, StreamSender};
-use crate::{Capabilities, Connection, Metrics};
-use std::sync::Arc;
+use crate::{
+    Capabilities, Connection, Message, MessageReceiver, MessageSender, Metrics, TransportError,
+};
+use std::sync::{Arc, Mutex};
 use tokio::io::{DuplexStream, ReadHalf, WriteHalf};
+
+fn capabilities(name: &'static str, max_message_size: usize) -> Capabilities {
+    Capabilities {
+        name,
+        max_message_size,
+        max_header_len: crate::MAX_HEADER_LEN,
+        inline_size: 0,
+        rdma_read: false,
+        rdma_write: false,
+        zero_copy_send: true,
+        zero_copy_recv: true,
+        registered_buffers: false,
+        event_fd: false,
+        reliable_ordered: true,
+    }
+}
 
 /// One end of an in-memory stream connection.
 pub(crate) struct Duplex {
@@ -33,19 +52,7 @@ impl Connection for Duplex {
     type Receiver = StreamReceiver<ReadHalf<DuplexStream>>;
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            name: "duplex",
-            max_message_size: self.config.max_message_size,
-            max_header_len: crate::MAX_HEADER_LEN,
-            inline_size: 0,
-            rdma_read: false,
-            rdma_write: false,
-            zero_copy_send: true,
-            zero_copy_recv: true,
-            registered_buffers: false,
-            event_fd: false,
-            reliable_ordered: true,
-        }
+        capabilities("duplex", self.config.max_message_size)
     }
     fn metrics(&self) -> Arc<Metrics> {
         self.metrics.clone()
@@ -84,4 +91,99 @@ pub(crate) fn gated_echo_server(
     );
     let serving = tokio::spawn(async move { server.serve_connection(end).await });
     (open, serving)
+}
+
+/// A connection whose sender takes nothing until its switch is set to `true`, then records
+/// the size of every `send` / `send_batch` it completes (or fails them all, if told to). Its
+/// receiver never delivers anything.
+pub(crate) struct Gated {
+    /// Messages per completed write, in order.
+    pub(crate) writes: Arc<Mutex<Vec<usize>>>,
+    gate: tokio::sync::watch::Receiver<bool>,
+    fail: bool,
+    metrics: Arc<Metrics>,
+}
+
+impl Gated {
+    /// A connection, the switch that opens its sender, and its write log.
+    pub(crate) fn new(fail: bool) -> (Gated, tokio::sync::watch::Sender<bool>) {
+        let (open, gate) = tokio::sync::watch::channel(false);
+        let conn = Gated {
+            writes: Arc::default(),
+            gate,
+            fail,
+            metrics: Arc::default(),
+        };
+        (conn, open)
+    }
+}
+
+/// The sending half of [`Gated`].
+pub(crate) struct GatedSender {
+    writes: Arc<Mutex<Vec<usize>>>,
+    gate: tokio::sync::watch::Receiver<bool>,
+    fail: bool,
+    metrics: Arc<Metrics>,
+}
+
+impl MessageSender for GatedSender {
+    async fn send(&mut self, msg: Message) -> Result<(), TransportError> {
+        self.send_batch(&mut vec![msg]).await
+    }
+    async fn send_batch(&mut self, msgs: &mut Vec<Message>) -> Result<(), TransportError> {
+        let _ = self.gate.wait_for(|open| *open).await;
+        if self.fail {
+            return Err(TransportError::Io(std::io::Error::from(
+                std::io::ErrorKind::BrokenPipe,
+            )));
+        }
+        self.writes.lock().expect("log").push(msgs.len());
+        msgs.clear();
+        Ok(())
+    }
+    fn max_message_size(&self) -> usize {
+        1 << 20
+    }
+    async fn close(&mut self) -> Result<(), TransportError> {
+        Ok(())
+    }
+    fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+}
+
+/// The receiving half of [`Gated`]: nothing ever arrives.
+pub(crate) struct Silent(Arc<Metrics>);
+
+impl MessageReceiver for Silent {
+    async fn recv(&mut self) -> Result<Option<Message>, TransportError> {
+        std::future::pending().await
+    }
+    fn metrics(&self) -> &Arc<Metrics> {
+        &self.0
+    }
+}
+
+impl Connection for Gated {
+    type Sender = GatedSender;
+    type Receiver = Silent;
+
+    fn capabilities(&self) -> Capabilities {
+        capabilities("gated", 1 << 20)
+    }
+    fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+    fn peer(&self) -> String {
+        "gated".into()
+    }
+    fn split(self) -> (GatedSender, Silent) {
+        let sender = GatedSender {
+            writes: self.writes,
+            gate: self.gate,
+            fail: self.fail,
+            metrics: self.metrics.clone(),
+        };
+        (sender, Silent(self.metrics))
+    }
 }
