@@ -439,6 +439,16 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
         }
     }
 
+    fn remaining_in_message(&self) -> Option<usize> {
+        match &self.large {
+            Some(lf) => Some(lf.total - lf.buf.len()),
+            None => self
+                .decoder
+                .pending_frame_len()
+                .map(|total| total.saturating_sub(self.buf.len())),
+        }
+    }
+
     fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
@@ -557,6 +567,34 @@ mod tests {
             copied <= (64 << 10) + 7 * READ_AFTER_LARGE as u64,
             "{copied} payload bytes copied"
         );
+    }
+
+    /// The receiver reports how much of a partly received message is still to come, for
+    /// small frames (in the read buffer) and large ones (in their own buffer), and nothing
+    /// between messages.
+    #[tokio::test]
+    async fn remaining_in_message_follows_partial_frames() {
+        use tokio::io::AsyncWriteExt;
+        let (mut w, b) = tokio::io::duplex(1 << 20);
+        let cfg = StreamConfig {
+            max_message_size: 1 << 20,
+            read_buffer_size: 4096,
+        };
+        let mut rx = StreamReceiver::new(b, Arc::default(), &cfg);
+        assert_eq!(rx.remaining_in_message(), None);
+        for len in [1000usize, 100_000] {
+            let mut frame = encode_prefix(2, len).to_vec();
+            frame.extend_from_slice(&[1, 2]);
+            frame.extend(std::iter::repeat_n(9u8, len));
+            w.write_all(&frame[..500]).await.unwrap();
+            let pending = tokio::time::timeout(std::time::Duration::from_millis(20), rx.recv());
+            assert!(pending.await.is_err(), "the frame is incomplete");
+            assert_eq!(rx.remaining_in_message(), Some(frame.len() - 500));
+            w.write_all(&frame[500..]).await.unwrap();
+            let msg = rx.recv().await.unwrap().unwrap();
+            assert_eq!(msg.payload.len(), len);
+            assert_eq!(rx.remaining_in_message(), None);
+        }
     }
 
     #[tokio::test]

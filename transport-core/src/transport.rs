@@ -128,6 +128,14 @@ pub trait MessageReceiver: Send + 'static {
     /// the receiver keeps returning errors.
     fn recv(&mut self) -> impl Future<Output = Result<Option<Message>, TransportError>> + Send;
 
+    /// Bytes still to arrive of a message that has started arriving, when its length is
+    /// known; `None` between messages (and always on transports that deliver whole
+    /// messages). The RPC server uses it to hold small replies while the next request is
+    /// still streaming in, so they go out together.
+    fn remaining_in_message(&self) -> Option<usize> {
+        None
+    }
+
     /// The connection's counters.
     fn metrics(&self) -> &Arc<Metrics>;
 }
