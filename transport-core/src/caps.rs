@@ -18,7 +18,7 @@ pub struct Capabilities {
     pub rdma_read: bool,
     /// One-sided RDMA WRITE is available.
     pub rdma_write: bool,
-    /// Payloads in buffers from [`crate::MessageSender::alloc`] are sent without a user-space copy.
+    /// Payloads in buffers from [`crate::BufferPool::alloc`] are sent without a user-space copy.
     pub zero_copy_send: bool,
     /// Received payloads are handed over without a user-space copy.
     pub zero_copy_recv: bool,

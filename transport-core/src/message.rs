@@ -130,7 +130,7 @@ enum Repr {
     },
 }
 
-/// A buffer to build a payload in, from [`crate::MessageSender::alloc`].
+/// A buffer to build a payload in, from [`crate::BufferPool::alloc`].
 ///
 /// On socket backends it is plain heap memory; on verbs it is a slice of a registered slab, so
 /// that sending it needs neither a copy nor a registration. Write into it with the
