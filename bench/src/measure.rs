@@ -85,6 +85,9 @@ pub struct Outcome {
     pub latency: Option<Histogram<u64>>,
     /// Client-side connection counters over the measurement (all threads).
     pub metrics: MetricsSnapshot,
+    /// The in-process bench server's counters over the measurement (local mode; zero when
+    /// the server is another process).
+    pub server_metrics: MetricsSnapshot,
     /// CPU time (user + system) of this process over the measurement.
     pub cpu: Duration,
     /// Minor page faults of this process over the measurement (fresh memory being touched).
@@ -157,6 +160,7 @@ where
     }
     barrier.wait();
     let before = sys::usage();
+    let server_before = proto::server_totals();
     let mut results = Vec::with_capacity(threads);
     let mut first_err = None;
     for h in handles {
@@ -171,6 +175,7 @@ where
         }
     }
     let used = sys::usage() - before;
+    let server_metrics = proto::server_totals() - server_before;
     if let Some(e) = first_err {
         return Err(e);
     }
@@ -198,6 +203,7 @@ where
         payload_bytes: bytes,
         latency,
         metrics,
+        server_metrics,
         cpu: used.cpu,
         page_faults: used.minor_faults,
         context_switches: used.context_switches,
@@ -463,7 +469,8 @@ async fn rpc_op<S: MessageSender>(
 /// Per-call (per-message) figures derived from a measurement's counters.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct CostFigures {
-    /// Payload bytes copied in user space per payload byte moved.
+    /// Payload bytes copied in user space per payload byte moved, by the client and (in
+    /// local mode) the server.
     pub copies_per_byte: f64,
     /// System calls (or doorbells) per call / message, client side.
     pub syscalls_per_call: f64,
@@ -491,7 +498,8 @@ impl CostFigures {
             copies_per_byte: if o.payload_bytes == 0 {
                 0.0
             } else {
-                m.payload_bytes_copied as f64 / o.payload_bytes as f64
+                (m.payload_bytes_copied + o.server_metrics.payload_bytes_copied) as f64
+                    / o.payload_bytes as f64
             },
             syscalls_per_call: (m.syscalls + m.doorbells) as f64 / calls,
             registrations_per_call: m.registrations as f64 / calls,

@@ -13,12 +13,56 @@
 //! so the difference between a raw and an RPC figure is the RPC layer's cost.
 
 use bytes::{Buf, Bytes};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex};
 use transport_core::rpc::{Request, RpcServer, ServerConfig, Status};
 use transport_core::{
     Capabilities, Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender,
-    Metrics, TransportError,
+    Metrics, MetricsSnapshot, TransportError,
 };
+
+/// Counters of the connections this process's bench server has served.
+#[derive(Default)]
+struct ServerCounters {
+    live: Vec<Arc<Metrics>>,
+    /// Final counts of the connections that ended.
+    ended: MetricsSnapshot,
+}
+
+static SERVER_COUNTERS: LazyLock<Mutex<ServerCounters>> = LazyLock::new(Default::default);
+
+fn server_counters() -> std::sync::MutexGuard<'static, ServerCounters> {
+    SERVER_COUNTERS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The sum of the counters of every connection the bench server in this process has served
+/// (zero when the server runs elsewhere). In local mode the difference over a measurement is
+/// the server's side of it: copies made while receiving requests happen there.
+pub fn server_totals() -> MetricsSnapshot {
+    let c = server_counters();
+    let mut total = c.ended;
+    for m in &c.live {
+        total.accumulate(&m.snapshot());
+    }
+    total
+}
+
+/// A served connection's entry in [`SERVER_COUNTERS`]; folded into the ended total on drop.
+struct Counted(Arc<Metrics>);
+
+impl Counted {
+    fn register(metrics: Arc<Metrics>) -> Counted {
+        server_counters().live.push(metrics.clone());
+        Counted(metrics)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let mut c = server_counters();
+        c.live.retain(|m| !Arc::ptr_eq(m, &self.0));
+        c.ended.accumulate(&self.0.snapshot());
+    }
+}
 
 /// Header of the first message of a raw echo connection.
 pub const MODE_ECHO: &[u8] = b"echo";
@@ -161,6 +205,7 @@ async fn serve_connection<C: Connection>(
 ) -> Result<(), TransportError> {
     let caps = conn.capabilities();
     let metrics = conn.metrics();
+    let _counted = Counted::register(metrics.clone());
     let peer = conn.peer();
     let (mut tx, mut rx) = conn.split();
     let Some(first) = rx.recv().await? else {
@@ -225,4 +270,27 @@ async fn serve_connection<C: Connection>(
     }
     let _ = tx.close().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Server totals add up live connections and keep what ended connections counted.
+    #[test]
+    fn server_totals_count_live_and_ended_connections() {
+        let before = server_totals();
+        let m = Arc::new(Metrics::default());
+        let counted = Counted::register(m.clone());
+        m.payload_bytes_copied.add(100);
+        assert_eq!((server_totals() - before).payload_bytes_copied, 100);
+        drop(counted);
+        assert_eq!((server_totals() - before).payload_bytes_copied, 100);
+        m.payload_bytes_copied.add(5);
+        assert_eq!(
+            (server_totals() - before).payload_bytes_copied,
+            100,
+            "an ended connection is no longer read"
+        );
+    }
 }

@@ -397,7 +397,9 @@ impl Report {
         }
         if !self.diagnosis.is_empty() {
             out.push('\n');
-            out.push_str("Diagnosis (client-side counters; CPU is the whole process)\n");
+            out.push_str(
+                "Diagnosis (copies: client and in-process server; other counters: client side; CPU: the whole process)\n",
+            );
             let mut t = Table::new(
                 &[
                     "transport",

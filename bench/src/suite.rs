@@ -183,6 +183,7 @@ fn sum_outcomes(runs: &[Outcome]) -> CostFigures {
         payload_bytes: 0,
         latency: None,
         metrics: Default::default(),
+        server_metrics: Default::default(),
         cpu: std::time::Duration::ZERO,
         page_faults: 0,
         context_switches: 0,
@@ -191,6 +192,7 @@ fn sum_outcomes(runs: &[Outcome]) -> CostFigures {
         total.calls += r.calls;
         total.payload_bytes += r.payload_bytes;
         total.metrics.accumulate(&r.metrics);
+        total.server_metrics.accumulate(&r.server_metrics);
         total.cpu += r.cpu;
         total.page_faults += r.page_faults;
         total.context_switches += r.context_switches;
