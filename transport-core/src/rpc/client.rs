@@ -564,6 +564,37 @@ mod tests {
         .expect("the calls queue up");
     }
 
+    /// Spawns calls 0..n of method 1, call i carrying the byte i.
+    fn spawn_calls<S: MessageSender>(
+        client: &RpcClient<S>,
+        n: u8,
+    ) -> Vec<JoinHandle<Result<Bytes, RpcError>>> {
+        (0..n)
+            .map(|i| {
+                let c = client.clone();
+                tokio::spawn(async move { c.call(1, Bytes::from(vec![i])).await })
+            })
+            .collect()
+    }
+
+    /// Every call ends, with a connection error.
+    async fn all_fail_with_connection_errors(calls: Vec<JoinHandle<Result<Bytes, RpcError>>>) {
+        for call in calls {
+            let r = tokio::time::timeout(Duration::from_secs(10), call)
+                .await
+                .expect("no call hangs")
+                .expect("task");
+            assert!(matches!(r, Err(ref e) if e.is_connection_error()), "{r:?}");
+        }
+    }
+
+    /// Waits until a caller holds the writer (its write waits for the switch).
+    async fn write_started(client: &RpcClient<impl MessageSender>) {
+        while client.shared.writer.try_lock().is_ok() {
+            tokio::task::yield_now().await;
+        }
+    }
+
     /// Calls made while a write is under way go out together in the next write, and each
     /// caller returns once its own message was taken.
     #[tokio::test]
@@ -576,9 +607,7 @@ mod tests {
             tokio::spawn(async move { c.oneway(1, Bytes::from_static(b"first")).await })
         };
         // The first message is being written (the sender waits for the switch)...
-        while client.shared.writer.try_lock().is_ok() {
-            tokio::task::yield_now().await;
-        }
+        write_started(&client).await;
         // ...and ten more calls queue behind it.
         let rest: Vec<_> = (0..10u8)
             .map(|i| {
@@ -604,9 +633,7 @@ mod tests {
         let client = RpcClient::new(conn, ClientConfig::default());
         let c = client.clone();
         let call = tokio::spawn(async move { c.oneway(1, Bytes::from_static(b"dropped")).await });
-        while client.shared.writer.try_lock().is_ok() {
-            tokio::task::yield_now().await;
-        }
+        write_started(&client).await;
         call.abort();
         assert!(call.await.expect_err("aborted").is_cancelled());
         open.send(true).expect("sender waits");
@@ -627,21 +654,10 @@ mod tests {
     async fn a_failed_write_fails_every_call_in_it() {
         let (conn, open) = Gated::new(true);
         let client = RpcClient::new(conn, ClientConfig::default());
-        let calls: Vec<_> = (0..5u8)
-            .map(|i| {
-                let c = client.clone();
-                tokio::spawn(async move { c.call(1, Bytes::from(vec![i])).await })
-            })
-            .collect();
+        let calls = spawn_calls(&client, 5);
         queued(&client, 4).await;
         open.send(true).expect("sender waits");
-        for call in calls {
-            let r = tokio::time::timeout(Duration::from_secs(10), call)
-                .await
-                .expect("no call hangs")
-                .expect("task");
-            assert!(matches!(r, Err(ref e) if e.is_connection_error()), "{r:?}");
-        }
+        all_fail_with_connection_errors(calls).await;
         let later = client.oneway(1, Bytes::new()).await;
         assert!(
             matches!(later, Err(ref e) if e.is_connection_error()),
@@ -663,12 +679,7 @@ mod tests {
                 default_deadline: None,
             },
         );
-        let calls: Vec<_> = (0..10u8)
-            .map(|i| {
-                let c = client.clone();
-                tokio::spawn(async move { c.call(1, Bytes::from(vec![i])).await })
-            })
-            .collect();
+        let calls = spawn_calls(&client, 10);
         while server_metrics.snapshot().messages_received < 3 {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -693,20 +704,9 @@ mod tests {
                 default_deadline: None,
             },
         );
-        let calls: Vec<_> = (0..3)
-            .map(|_| {
-                let c = client.clone();
-                tokio::spawn(async move { c.call(1, Bytes::new()).await })
-            })
-            .collect();
+        let calls = spawn_calls(&client, 3);
         tokio::time::sleep(Duration::from_millis(20)).await;
         drop(server_end);
-        for call in calls {
-            let r = tokio::time::timeout(Duration::from_secs(10), call)
-                .await
-                .expect("no call hangs")
-                .expect("task");
-            assert!(matches!(r, Err(ref e) if e.is_connection_error()), "{r:?}");
-        }
+        all_fail_with_connection_errors(calls).await;
     }
 }
