@@ -87,12 +87,18 @@ pub trait MessageSender: Send + 'static {
 
     /// Sends several messages, in order, with as few system calls or doorbells as the backend
     /// can manage. `msgs` is drained.
+    ///
+    /// Cancel safety: if the future is dropped, the messages still in `msgs` were not taken
+    /// (they can be sent again); the one being sent at that moment follows `send`'s rule.
+    /// The default sends them one by one and takes each out of `msgs` only when it starts.
     fn send_batch(
         &mut self,
         msgs: &mut Vec<Message>,
     ) -> impl Future<Output = Result<(), TransportError>> + Send {
         async move {
-            for msg in msgs.drain(..) {
+            while !msgs.is_empty() {
+                // Not `drain(..)`: dropping a `Drain` mid-way drops the messages not yet sent.
+                let msg = msgs.remove(0);
                 self.send(msg).await?;
             }
             Ok(())
@@ -154,5 +160,61 @@ pub struct HeapPool;
 impl BufferPool for HeapPool {
     fn alloc(&self, capacity: usize) -> SendBuffer {
         SendBuffer::heap(capacity)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::HeaderBytes;
+    use bytes::Bytes;
+
+    /// A sender that records what it sent and stops before its `stop_at`-th message.
+    struct Stalling {
+        sent: Vec<u8>,
+        stop_at: usize,
+        metrics: Arc<Metrics>,
+    }
+
+    impl MessageSender for Stalling {
+        async fn send(&mut self, msg: Message) -> Result<(), TransportError> {
+            if self.sent.len() == self.stop_at {
+                std::future::pending::<()>().await;
+            }
+            self.sent.push(msg.header.as_slice()[0]);
+            Ok(())
+        }
+        fn max_message_size(&self) -> usize {
+            1024
+        }
+        async fn close(&mut self) -> Result<(), TransportError> {
+            Ok(())
+        }
+        fn metrics(&self) -> &Arc<Metrics> {
+            &self.metrics
+        }
+    }
+
+    /// A default `send_batch` dropped part-way keeps the messages it had not started, in
+    /// order, so nothing is lost without the caller knowing.
+    #[tokio::test]
+    async fn default_send_batch_keeps_unsent_messages_when_dropped() {
+        let mut sender = Stalling {
+            sent: Vec::new(),
+            stop_at: 2,
+            metrics: Arc::default(),
+        };
+        let mut msgs: Vec<Message> = (0..5u8)
+            .map(|i| Message::new(HeaderBytes::from([i]), Bytes::new()))
+            .collect();
+        let batch = tokio::time::timeout(
+            std::time::Duration::from_millis(20),
+            sender.send_batch(&mut msgs),
+        );
+        assert!(batch.await.is_err(), "the third message stalls");
+        assert_eq!(sender.sent, vec![0, 1]);
+        // Message 2 was being sent when the batch was dropped; 3 and 4 were never taken.
+        let left: Vec<u8> = msgs.iter().map(|m| m.header.as_slice()[0]).collect();
+        assert_eq!(left, vec![3, 4]);
     }
 }
