@@ -11,7 +11,8 @@
 
 use crate::frame::{check_send_size, encode_prefix, FrameDecoder, PREFIX_LEN};
 use crate::{
-    HeaderBytes, Message, MessageReceiver, MessageSender, Metrics, TransportError, MAX_HEADER_LEN,
+    Capabilities, HeaderBytes, Message, MessageReceiver, MessageSender, Metrics, TransportError,
+    MAX_HEADER_LEN,
 };
 use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::VecDeque;
@@ -45,6 +46,27 @@ pub struct StreamConfig {
     pub max_message_size: usize,
     /// Size of the read buffer small frames are read into.
     pub read_buffer_size: usize,
+}
+
+impl StreamConfig {
+    /// The capability table of a connection framed by this module: reliable, ordered,
+    /// zero-copy both ways, nothing registered or one-sided. `event_fd` says whether progress
+    /// is driven by a pollable descriptor (a socket: yes; an in-memory pipe: no).
+    pub fn capabilities(&self, name: &'static str, event_fd: bool) -> Capabilities {
+        Capabilities {
+            name,
+            max_message_size: self.max_message_size,
+            max_header_len: MAX_HEADER_LEN,
+            inline_size: 0,
+            rdma_read: false,
+            rdma_write: false,
+            zero_copy_send: true,
+            zero_copy_recv: true,
+            registered_buffers: false,
+            event_fd,
+            reliable_ordered: true,
+        }
+    }
 }
 
 impl Default for StreamConfig {
@@ -413,14 +435,12 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
                 }
             }
             self.prepare_read();
-            let read = if self.after_large && self.decoder.pending_frame_len().is_none() {
-                self.io
-                    .read_buf(&mut (&mut self.buf).limit(READ_AFTER_LARGE))
-                    .await
+            let limit = if self.after_large && self.decoder.pending_frame_len().is_none() {
+                READ_AFTER_LARGE
             } else {
-                self.io.read_buf(&mut self.buf).await
+                usize::MAX
             };
-            let n = match read {
+            let n = match self.io.read_buf(&mut (&mut self.buf).limit(limit)).await {
                 Ok(n) => n,
                 Err(e) => return Err(self.fail(e.into())),
             };

@@ -28,9 +28,7 @@ use std::sync::Arc;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener as TokioListener, TcpStream};
 use transport_core::stream::{StreamConfig, StreamReceiver, StreamSender};
-use transport_core::{
-    Capabilities, Connection, Listener, Metrics, Transport, TransportError, MAX_HEADER_LEN,
-};
+use transport_core::{Capabilities, Connection, Listener, Metrics, Transport, TransportError};
 
 /// TCP settings.
 #[derive(Debug, Clone)]
@@ -98,19 +96,7 @@ impl TcpTransport {
 }
 
 fn capabilities(config: &TcpConfig) -> Capabilities {
-    Capabilities {
-        name: "tcp",
-        max_message_size: config.stream.max_message_size,
-        max_header_len: MAX_HEADER_LEN,
-        inline_size: 0,
-        rdma_read: false,
-        rdma_write: false,
-        zero_copy_send: true,
-        zero_copy_recv: true,
-        registered_buffers: false,
-        event_fd: true,
-        reliable_ordered: true,
-    }
+    config.stream.capabilities("tcp", true)
 }
 
 impl Transport for TcpTransport {

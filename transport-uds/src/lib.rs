@@ -32,9 +32,7 @@ use std::sync::Arc;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{UnixListener, UnixStream};
 use transport_core::stream::{StreamConfig, StreamReceiver, StreamSender};
-use transport_core::{
-    Capabilities, Connection, Listener, Metrics, Transport, TransportError, MAX_HEADER_LEN,
-};
+use transport_core::{Capabilities, Connection, Listener, Metrics, Transport, TransportError};
 
 /// A Unix socket path.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -102,19 +100,7 @@ impl UdsTransport {
 }
 
 fn capabilities(config: &UdsConfig) -> Capabilities {
-    Capabilities {
-        name: "uds",
-        max_message_size: config.stream.max_message_size,
-        max_header_len: MAX_HEADER_LEN,
-        inline_size: 0,
-        rdma_read: false,
-        rdma_write: false,
-        zero_copy_send: true,
-        zero_copy_recv: true,
-        registered_buffers: false,
-        event_fd: true,
-        reliable_ordered: true,
-    }
+    config.stream.capabilities("uds", true)
 }
 
 impl Transport for UdsTransport {

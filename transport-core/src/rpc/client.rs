@@ -223,12 +223,7 @@ impl<S: MessageSender> Shared<S> {
                 return Err(RpcError::ClientClosed);
             };
             writer.in_flight = Some(Box::pin(async move {
-                let result = if batch.len() == 1 {
-                    let msg = batch.pop().expect("one message");
-                    sender.send(msg).await
-                } else {
-                    sender.send_batch(&mut batch).await
-                };
+                let result = sender.send_batch(&mut batch).await;
                 (sender, upto, result)
             }));
         }

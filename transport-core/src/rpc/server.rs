@@ -506,12 +506,7 @@ impl Replies {
             return Ok(());
         }
         self.bytes = 0;
-        let sent = if self.batch.len() == 1 {
-            let msg = self.batch.pop().expect("one reply");
-            tx.send(msg).await
-        } else {
-            tx.send_batch(&mut self.batch).await
-        };
+        let sent = tx.send_batch(&mut self.batch).await;
         self.batch.clear();
         sent.map_err(RpcError::from)
     }

@@ -8,22 +8,6 @@ use crate::{
 use std::sync::{Arc, Mutex};
 use tokio::io::{DuplexStream, ReadHalf, WriteHalf};
 
-fn capabilities(name: &'static str, max_message_size: usize) -> Capabilities {
-    Capabilities {
-        name,
-        max_message_size,
-        max_header_len: crate::MAX_HEADER_LEN,
-        inline_size: 0,
-        rdma_read: false,
-        rdma_write: false,
-        zero_copy_send: true,
-        zero_copy_recv: true,
-        registered_buffers: false,
-        event_fd: false,
-        reliable_ordered: true,
-    }
-}
-
 /// One end of an in-memory stream connection.
 pub(crate) struct Duplex {
     pub(crate) io: DuplexStream,
@@ -52,7 +36,7 @@ impl Connection for Duplex {
     type Receiver = StreamReceiver<ReadHalf<DuplexStream>>;
 
     fn capabilities(&self) -> Capabilities {
-        capabilities("duplex", self.config.max_message_size)
+        self.config.capabilities("duplex", false)
     }
     fn metrics(&self) -> Arc<Metrics> {
         self.metrics.clone()
@@ -169,7 +153,11 @@ impl Connection for Gated {
     type Receiver = Silent;
 
     fn capabilities(&self) -> Capabilities {
-        capabilities("gated", 1 << 20)
+        StreamConfig {
+            max_message_size: 1 << 20,
+            ..StreamConfig::default()
+        }
+        .capabilities("gated", false)
     }
     fn metrics(&self) -> Arc<Metrics> {
         self.metrics.clone()
