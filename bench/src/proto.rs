@@ -233,9 +233,7 @@ async fn serve_connection<C: Connection>(
         MODE_SOURCE => {
             while let Some(mut m) = rx.recv().await? {
                 if m.header.as_slice() != SOURCE_REQ || m.payload.len() != 12 {
-                    return Err(TransportError::Backend(
-                        "bench source: bad request".to_string(),
-                    ));
+                    return Err(TransportError::Malformed("bench source: bad request"));
                 }
                 let size = (m.payload.get_u32_le() as usize).min(pool.len());
                 let count = m.payload.get_u64_le();
@@ -261,12 +259,7 @@ async fn serve_connection<C: Connection>(
             }
             return Ok(());
         }
-        other => {
-            return Err(TransportError::Backend(format!(
-                "bench server: unknown mode {:?}",
-                String::from_utf8_lossy(other)
-            )))
-        }
+        _ => return Err(TransportError::Malformed("bench server: unknown mode")),
     }
     let _ = tx.close().await;
     Ok(())

@@ -2,6 +2,7 @@
 
 use crate::message::HeaderBytes;
 use std::io;
+use std::sync::Arc;
 
 /// Why a transport operation failed.
 ///
@@ -54,14 +55,78 @@ pub enum TransportError {
     /// An operating-system error.
     #[error("I/O error: {0}")]
     Io(#[from] io::Error),
-    /// A backend-specific failure (for example a verbs work completion error), already worded.
-    #[error("{0}")]
-    Backend(String),
+    /// A backend-specific failure (a verbs work completion error, a protocol violation by the
+    /// peer, a failed registration, ...), kept as the backend's own typed error: see
+    /// [`TransportError::backend_error`] to get it back.
+    #[error(transparent)]
+    Backend(BackendError),
 }
 
 impl TransportError {
     /// False only for errors after which the same connection can still send and receive.
     pub fn is_fatal(&self) -> bool {
         !matches!(self, TransportError::MessageTooLarge { .. })
+    }
+
+    /// Wraps a backend's own error, keeping its type (see [`TransportError::backend_error`]).
+    pub fn backend(e: impl std::error::Error + Send + Sync + 'static) -> TransportError {
+        TransportError::Backend(BackendError::new(e))
+    }
+
+    /// The backend's error of type `E` behind [`TransportError::Backend`], if that is what this
+    /// is: `e.backend_error::<transport_verbs::VerbsError>()`.
+    pub fn backend_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            TransportError::Backend(b) => b.downcast_ref(),
+            _ => None,
+        }
+    }
+}
+
+/// A backend's typed error behind [`TransportError::Backend`]: shared (cheap to clone, so a
+/// connection can report the same cause to every pending call) and never turned into text.
+///
+/// Its `Display` and `source` are the backend error's own.
+#[derive(Clone)]
+pub struct BackendError(Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl BackendError {
+    /// Wraps `e`.
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> BackendError {
+        BackendError(Arc::new(e))
+    }
+
+    /// Wraps an error that is already shared.
+    pub fn from_arc(e: Arc<dyn std::error::Error + Send + Sync + 'static>) -> BackendError {
+        BackendError(e)
+    }
+
+    /// The backend error as its own type, if it is an `E`.
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        let e: &(dyn std::error::Error + 'static) = &*self.0;
+        e.downcast_ref::<E>()
+    }
+
+    /// The backend error.
+    pub fn get(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+}
+
+impl std::fmt::Debug for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
     }
 }

@@ -43,7 +43,7 @@ mod transport;
 pub mod conformance;
 
 pub use caps::Capabilities;
-pub use error::TransportError;
+pub use error::{BackendError, TransportError};
 pub use message::{BackendRegion, HeaderBytes, Message, SendBuffer, MAX_HEADER_LEN};
 pub use metrics::{Counter, LevelGauge, Metrics, MetricsSnapshot};
 pub use transport::{

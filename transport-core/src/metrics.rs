@@ -84,6 +84,9 @@ pub struct Metrics {
     pub completions: Counter,
     /// Times a sender waited for credits (verbs).
     pub credit_stalls: Counter,
+    /// Times a sender waited because the peer had as many large (rendezvous) messages
+    /// outstanding as it accepts (verbs).
+    pub rendezvous_stalls: Counter,
     /// RPC calls in flight on this connection (maintained by the RPC client).
     pub in_flight: LevelGauge,
 }
@@ -102,6 +105,7 @@ impl Metrics {
             registrations: self.registrations.get(),
             completions: self.completions.get(),
             credit_stalls: self.credit_stalls.get(),
+            rendezvous_stalls: self.rendezvous_stalls.get(),
             in_flight_max: self.in_flight.max(),
             in_flight_samples: self.in_flight.samples.load(Ordering::Relaxed),
             in_flight_sum: self.in_flight.sum.load(Ordering::Relaxed),
@@ -132,6 +136,8 @@ pub struct MetricsSnapshot {
     pub completions: u64,
     /// See [`Metrics::credit_stalls`].
     pub credit_stalls: u64,
+    /// See [`Metrics::rendezvous_stalls`].
+    pub rendezvous_stalls: u64,
     /// Highest number of RPC calls in flight (not a difference: the later snapshot's value).
     pub in_flight_max: u64,
     /// Number of in-flight samples (one per call started).
@@ -162,6 +168,7 @@ impl MetricsSnapshot {
         self.registrations += other.registrations;
         self.completions += other.completions;
         self.credit_stalls += other.credit_stalls;
+        self.rendezvous_stalls += other.rendezvous_stalls;
         self.in_flight_max = self.in_flight_max.max(other.in_flight_max);
         self.in_flight_samples += other.in_flight_samples;
         self.in_flight_sum += other.in_flight_sum;
@@ -186,6 +193,9 @@ impl Sub for MetricsSnapshot {
             registrations: self.registrations.saturating_sub(earlier.registrations),
             completions: self.completions.saturating_sub(earlier.completions),
             credit_stalls: self.credit_stalls.saturating_sub(earlier.credit_stalls),
+            rendezvous_stalls: self
+                .rendezvous_stalls
+                .saturating_sub(earlier.rendezvous_stalls),
             in_flight_max: self.in_flight_max,
             in_flight_samples: self
                 .in_flight_samples

@@ -16,10 +16,50 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 use transport_core::TransportError;
 
-use crate::conn::{Conn, Resources, VerbsConnection};
-use crate::ffi::{ChannelFd, Endpoint, OwnedRegion, CTRL_SLOT};
-use crate::pool::Pool;
-use crate::VerbsConfig;
+use crate::config::VerbsConfig;
+use crate::ffi::{Access, ChannelFd, Endpoint, OwnedRegion, CTRL_SLOT};
+use crate::pool::{Pool, PoolBuf};
+
+/// The verbs resources of one connection.
+pub(crate) struct Resources {
+    pub(crate) ep: Endpoint<PoolBuf>,
+    pub(crate) pool: Pool,
+    pub(crate) metrics: Arc<transport_core::Metrics>,
+    pub(crate) device: String,
+}
+
+/// A connection whose queue pair is connected and whose receive buffers are posted: what
+/// `conn::start` drives.
+pub(crate) struct Established {
+    pub(crate) res: Resources,
+    pub(crate) id: Arc<Identifier>,
+    /// The identifier's rdma_cm events (disconnect, ...).
+    pub(crate) events: mpsc::UnboundedReceiver<CmMsg>,
+    pub(crate) peer: String,
+}
+
+/// Posts the initial receive buffers (before the peer can send).
+fn prepost(mut r: Resources, cfg: &VerbsConfig) -> Result<Resources, TransportError> {
+    for _ in 0..cfg.recv_depth {
+        let b = r.pool.get_recv(cfg.recv_buf_size())?;
+        if r.ep.stage_recv(b).is_err() {
+            return Err(crate::error::VerbsError::Internal("receive table overrun".into()).into());
+        }
+    }
+    let d = r.ep.ring()?;
+    r.metrics.doorbells.add(d);
+    Ok(r)
+}
+
+/// Destroys an identifier off the async threads (rdma_destroy_id may wait for the event pump).
+pub(crate) fn drop_id_off_thread(id: Arc<Identifier>) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => {
+            h.spawn_blocking(move || drop(id));
+        }
+        Err(_) => drop(id),
+    }
+}
 
 /// One rdma_cm event, as routed to an identifier's sink.
 pub(crate) struct CmMsg {
@@ -35,8 +75,7 @@ pub(crate) struct CmSink(pub(crate) mpsc::UnboundedSender<CmMsg>);
 /// Makes an event channel and starts its pump. The pump ends once nothing but itself holds the
 /// channel (every identifier created on it is gone).
 pub(crate) fn channel() -> Result<Arc<EventChannel>, TransportError> {
-    let ch = EventChannel::new()
-        .map_err(|e| TransportError::Backend(format!("rdma_create_event_channel: {e}")))?;
+    let ch = EventChannel::new().map_err(|e| cm_err("rdma_create_event_channel", &"-", e))?;
     ch.set_nonblocking(true)?;
     let fd = crate::ffi::watch(ChannelFd(ch.clone()))?;
     tokio::spawn(pump(ch.clone(), fd));
@@ -89,8 +128,8 @@ async fn pump(ch: Arc<EventChannel>, fd: AsyncFd<ChannelFd<EventChannel>>) {
     drop(ch);
 }
 
-fn cm_err(op: &'static str, addr: &SocketAddr, reason: impl ToString) -> TransportError {
-    crate::VerbsError::Cm {
+fn cm_err(op: &'static str, addr: &dyn std::fmt::Display, reason: impl ToString) -> TransportError {
+    crate::error::VerbsError::Cm {
         op,
         addr: addr.to_string(),
         reason: reason.to_string(),
@@ -190,18 +229,20 @@ fn resources(
         cfg.pool_keep_bytes,
         cfg.registration_cache_bytes,
     );
-    let ctrl = OwnedRegion::new(&pd, cfg.send_depth * CTRL_SLOT).map_err(|e| {
-        TransportError::from(crate::pool::registration_error(
-            &device,
-            cfg.send_depth * CTRL_SLOT,
-            e,
-        ))
-    })?;
+    let ctrl =
+        OwnedRegion::new(&pd, cfg.send_depth * CTRL_SLOT, Access::SendOnly).map_err(|e| {
+            TransportError::from(crate::pool::registration_error(
+                &device,
+                cfg.send_depth * CTRL_SLOT,
+                e,
+            ))
+        })?;
     metrics.registrations.incr();
     let ep = Endpoint::new(
         qp,
         cq,
         comp,
+        pd.clone(),
         ctrl,
         cfg.send_depth,
         cfg.recv_depth,
@@ -222,9 +263,9 @@ fn init_attr(
     let mut attr = id
         .get_qp_attr(QueuePairState::Init)
         .map_err(|e| cm_err("init QP attributes", addr, e))?;
-    attr.setup_access_flags(
-        AccessFlags::LocalWrite | AccessFlags::RemoteRead | AccessFlags::RemoteWrite,
-    );
+    // Incoming RDMA READs only (the peer reads rendezvous payloads through memory windows
+    // bound to this QP); no remote writes or atomics: nothing this side does needs them.
+    attr.setup_access_flags(AccessFlags::LocalWrite | AccessFlags::RemoteRead);
     Ok(attr)
 }
 
@@ -248,7 +289,7 @@ fn to_state(
 pub(crate) async fn connect(
     cfg: Arc<VerbsConfig>,
     addr: SocketAddr,
-) -> Result<VerbsConnection, TransportError> {
+) -> Result<Established, TransportError> {
     let ch = channel()?;
     let id = ch
         .create_id(sideway::rdmacm::communication_manager::PortSpace::Tcp)
@@ -281,7 +322,7 @@ pub(crate) async fn connect(
         let mut r = resources(&id, &cfg, &addr)?;
         to_state(&mut r, &id, QueuePairState::Init, &addr)?;
         // Receives are posted before the peer can send anything.
-        let mut r = crate::conn::prepost(r, &cfg)?;
+        let mut r = prepost(r, &cfg)?;
         {
             let mut param = ConnectionParameter::default();
             param.setup_qp_number(r.ep.qp_number());
@@ -297,24 +338,33 @@ pub(crate) async fn connect(
     }
     .await;
     match result {
-        Ok(r) => Conn::start(r, id, rx, cfg, addr.to_string()),
+        Ok(res) => Ok(Established {
+            res,
+            id,
+            events: rx,
+            peer: addr.to_string(),
+        }),
         Err(e) => {
-            crate::conn::drop_id_off_thread(id);
+            drop_id_off_thread(id);
             Err(e)
         }
     }
 }
 
-/// A bound, listening identifier and the connections set up for it in the background.
+/// A bound, listening identifier.
 pub(crate) struct Listening {
     pub(crate) id: Option<Arc<Identifier>>,
-    pub(crate) ready: mpsc::UnboundedReceiver<VerbsConnection>,
     pub(crate) addr: SocketAddr,
 }
 
 /// Binds and listens at `addr`; port 0 picks a free port. Connect requests are completed in
-/// the background (like a kernel's TCP backlog): `accept` hands out established connections.
-pub(crate) fn listen(addr: SocketAddr, cfg: Arc<VerbsConfig>) -> Result<Listening, TransportError> {
+/// the background (like a kernel's TCP backlog), each established connection handed to
+/// `on_ready` (which starts it at once, so its handshake does not wait for `accept`).
+pub(crate) fn listen(
+    addr: SocketAddr,
+    cfg: Arc<VerbsConfig>,
+    on_ready: impl Fn(Established) + Send + Sync + 'static,
+) -> Result<Listening, TransportError> {
     let backlog = cfg.backlog;
     let ch = channel()?;
     let id = ch
@@ -349,24 +399,23 @@ pub(crate) fn listen(addr: SocketAddr, cfg: Arc<VerbsConfig>) -> Result<Listenin
     id.setup_context(CmSink(tx));
     id.listen(backlog)
         .map_err(|e| cm_err("listen", &bound, e))?;
-    let (ready_tx, ready) = mpsc::unbounded_channel();
+    let on_ready = Arc::new(on_ready);
     // Ends when the listening identifier (which holds the sink) is destroyed.
     tokio::spawn(async move {
         while let Some(m) = rx.recv().await {
             let Some(new_id) = m.new_id else { continue };
             let cfg = cfg.clone();
-            let ready_tx = ready_tx.clone();
+            let on_ready = on_ready.clone();
             tokio::spawn(async move {
                 // A request whose setup fails is dropped (rejected); the listener goes on.
-                if let Ok(conn) = accept(cfg, new_id, bound).await {
-                    let _ = ready_tx.send(conn);
+                if let Ok(est) = accept(cfg, new_id, bound).await {
+                    on_ready(est);
                 }
             });
         }
     });
     Ok(Listening {
         id: Some(id),
-        ready,
         addr: bound,
     })
 }
@@ -376,14 +425,14 @@ pub(crate) async fn accept(
     cfg: Arc<VerbsConfig>,
     id: Arc<Identifier>,
     listen_addr: SocketAddr,
-) -> Result<VerbsConnection, TransportError> {
+) -> Result<Established, TransportError> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     id.setup_context(CmSink(tx));
     let addr = listen_addr;
     let result = async {
         let mut r = resources(&id, &cfg, &addr)?;
         to_state(&mut r, &id, QueuePairState::Init, &addr)?;
-        let mut r = crate::conn::prepost(r, &cfg)?;
+        let mut r = prepost(r, &cfg)?;
         to_state(&mut r, &id, QueuePairState::ReadyToReceive, &addr)?;
         to_state(&mut r, &id, QueuePairState::ReadyToSend, &addr)?;
         {
@@ -403,9 +452,14 @@ pub(crate) async fn accept(
     }
     .await;
     match result {
-        Ok(r) => Conn::start(r, id, rx, cfg, format!("rdma peer via {listen_addr}")),
+        Ok(res) => Ok(Established {
+            res,
+            id,
+            events: rx,
+            peer: format!("rdma peer via {listen_addr}"),
+        }),
         Err(e) => {
-            crate::conn::drop_id_off_thread(id);
+            drop_id_off_thread(id);
             Err(e)
         }
     }

@@ -28,7 +28,7 @@ use sideway::ibverbs::device_context::DeviceContext;
 use sideway::ibverbs::protection_domain::ProtectionDomain as RawPd;
 
 use crate::error::VerbsError;
-use crate::ffi::OwnedRegion;
+use crate::ffi::{Access, OwnedRegion};
 
 /// Logical state of a port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -351,10 +351,11 @@ impl std::fmt::Debug for ProtectionDomain {
 }
 
 impl ProtectionDomain {
-    /// Allocates `len` zeroed bytes and registers them (local write, remote read and write).
+    /// Allocates `len` zeroed bytes and registers them for local access only (the device may
+    /// read and write them for this process's work requests; no peer can reach them).
     pub fn register(&self, len: usize) -> Result<RegisteredBuffer, VerbsError> {
         guarded("register", || {
-            let region = OwnedRegion::new(&self.pd, len)
+            let region = OwnedRegion::new(&self.pd, len, Access::LocalWrite)
                 .map_err(|e| VerbsError::verbs("ibv_reg_mr", &self.device, e))?;
             Ok(RegisteredBuffer { region })
         })
@@ -382,7 +383,8 @@ impl RegisteredBuffer {
         self.region.lkey()
     }
 
-    /// Remote key (what a peer needs to RDMA READ/WRITE this buffer).
+    /// Remote key of the registration. It grants no remote access: the buffer is registered
+    /// for local access only.
     pub fn rkey(&self) -> u32 {
         self.region.rkey()
     }

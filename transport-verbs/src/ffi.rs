@@ -1,17 +1,29 @@
 //! The crate's only `unsafe` code: the calls into the verbs binding that the compiler cannot check.
 //!
-//! Everything here is small and commented; the rest of the crate is safe Rust.
+//! Everything here is small and commented; the rest of the crate is safe Rust. This module
+//! depends on nothing else in the crate but the plain error enums: buffers come in through the
+//! [`LocalMemory`] trait.
 //!
-//! The rule that makes the data path sound is encoded in [`Endpoint`]: every work request is
-//! posted together with the owner of the memory it reads or writes (a pool buffer, a payload
-//! [`Bytes`] kept alive together with its registration), and the endpoint keeps that owner in its
-//! send FIFO or receive table until the work request's completion comes back. The queue pair is
-//! the first field of the endpoint, so on drop it is destroyed (no more DMA) before any memory
-//! it could touch is released.
+//! The rules that make the data path sound are encoded in [`Endpoint`]:
+//! - every work request is posted together with the owner of the memory it reads or writes (a
+//!   buffer, a payload [`Bytes`] kept alive together with its registration), and the endpoint
+//!   keeps that owner in its send FIFO or receive table until the work request's completion;
+//! - a payload exposed to the peer (a memory window bound to it) is kept together with the
+//!   window ([`Exposure`]): the window is invalidated (or deallocated) before the payload is
+//!   released, so the peer can never read memory that has been reused;
+//! - the queue pair is the first field of the endpoint, so on drop it is destroyed (no more DMA)
+//!   before any memory it could touch is released, and windows go before their memory.
+//!
+//! What the peer can reach: registered memory carries no remote access (the memory regions are
+//! registered for local access and window binding only, their rkeys grant nothing); the queue
+//! pair accepts remote READs only; the one way in is a type-2 memory window, bound to this
+//! connection's queue pair for one rendezvous payload and invalidated when the peer's FIN
+//! arrives.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -22,7 +34,53 @@ use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair, QueuePairAttribute, QueuePairState};
 use sideway::ibverbs::AccessFlags;
 
-use crate::pool::PoolBuf;
+use crate::error::WorkRequestKind;
+
+/// What registered memory may be used for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Access {
+    /// Read by the device for sends only (the control slots).
+    SendOnly,
+    /// Also written by the device: receive buffers (never exposed to the peer).
+    LocalWrite,
+    /// Written by the device, and a memory window may expose it to the peer for reading:
+    /// send buffers and rendezvous targets (a received payload may be sent on).
+    Exposable,
+}
+
+impl Access {
+    fn flags(self) -> AccessFlags {
+        match self {
+            Access::SendOnly => AccessFlags::none(),
+            Access::LocalWrite => AccessFlags::LocalWrite,
+            Access::Exposable => AccessFlags::LocalWrite | AccessFlags::MemoryWindowBind,
+        }
+    }
+}
+
+/// The handle of a memory registration, as a memory-window bind needs it.
+#[derive(Clone, Copy)]
+pub(crate) struct MrHandle {
+    mr: NonNull<sys::ibv_mr>,
+    lkey: u32,
+}
+
+// SAFETY: the handle is an identifier the device and libibverbs accept from any thread; it is
+// dereferenced only by libibverbs, under the lifetime rules of `HeldBytes`.
+unsafe impl Send for MrHandle {}
+// SAFETY: as above; nothing reads through it in this crate.
+unsafe impl Sync for MrHandle {}
+
+impl MrHandle {
+    fn of(mr: &MemoryRegion) -> MrHandle {
+        MrHandle {
+            // SAFETY: only the pointer value is taken; it is used while the registration lives
+            // (see `HeldBytes`).
+            mr: unsafe { mr.mr() },
+            lkey: mr.lkey(),
+        }
+    }
+}
 
 /// A heap buffer registered with a protection domain. The registration is dropped before the
 /// memory (field order), so the device never holds a key to freed memory.
@@ -30,22 +88,23 @@ pub(crate) struct OwnedRegion {
     // Declared first: dropped first (ibv_dereg_mr), then `buf` is freed.
     mr: Arc<MemoryRegion>,
     buf: Box<[u8]>,
+    access: Access,
 }
 
 impl OwnedRegion {
-    /// Allocates `len` zeroed bytes and registers them for local write and remote read/write.
+    /// Allocates `len` zeroed bytes and registers them for `access` (never remote access).
     pub(crate) fn new(
         pd: &Arc<ProtectionDomain>,
         len: usize,
+        access: Access,
     ) -> Result<Self, RegisterMemoryRegionError> {
         let mut buf = vec![0u8; len].into_boxed_slice();
-        let access = AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead;
         // SAFETY: `buf` is a live heap allocation of exactly `len` bytes whose address does not
         // change when the Box moves into `Self`. The only handle to the registration (`mr`, never
         // cloned out of this struct) is dropped before `buf` (field order), so the memory stays
         // valid for as long as the memory region exists.
-        let mr = unsafe { pd.reg_mr(buf.as_mut_ptr() as usize, buf.len(), access)? };
-        Ok(OwnedRegion { mr, buf })
+        let mr = unsafe { pd.reg_mr(buf.as_mut_ptr() as usize, buf.len(), access.flags())? };
+        Ok(OwnedRegion { mr, buf, access })
     }
 
     pub(crate) fn lkey(&self) -> u32 {
@@ -54,6 +113,15 @@ impl OwnedRegion {
 
     pub(crate) fn rkey(&self) -> u32 {
         self.mr.rkey()
+    }
+
+    pub(crate) fn access(&self) -> Access {
+        self.access
+    }
+
+    /// The registration's handle (for memory-window binds).
+    pub(crate) fn handle(&self) -> MrHandle {
+        MrHandle::of(&self.mr)
     }
 
     pub(crate) fn addr(&self) -> usize {
@@ -69,9 +137,9 @@ impl OwnedRegion {
     }
 }
 
-/// User memory (a payload [`Bytes`]) registered for remote reads, for rendezvous sends of
-/// payloads that do not live in a pool buffer. Holds the `Bytes`, so the memory cannot be freed
-/// or reused while registered; the registration is dropped first (field order).
+/// User memory (a payload [`Bytes`]) registered so that a memory window can expose it, for
+/// rendezvous sends of payloads that do not live in a pool buffer. Holds the `Bytes`, so the
+/// memory cannot be freed or reused while registered; the registration is dropped first.
 pub(crate) struct UserRegion {
     mr: Arc<MemoryRegion>,
     bytes: Bytes,
@@ -82,12 +150,12 @@ impl UserRegion {
         pd: &Arc<ProtectionDomain>,
         bytes: Bytes,
     ) -> Result<Self, RegisterMemoryRegionError> {
-        // Remote read only: the peer reads it, nothing writes it (so read-only pages work too).
-        let access = AccessFlags::RemoteRead | AccessFlags::LocalWrite;
+        // Window binding only: the device reads it for sends and through a bound window;
+        // nothing writes it (so read-only pages work too) and its own rkey grants nothing.
+        let access = AccessFlags::MemoryWindowBind;
         // SAFETY: `bytes` keeps its memory alive and unchanged (Bytes are immutable) for as long
-        // as `Self` exists, and `mr` is dropped before `bytes`. Local-write access only lets the
-        // NIC write into it through work requests that name this key, and this crate never
-        // posts a receive or a READ into a user region.
+        // as `Self` exists, and `mr` is dropped before `bytes`. Without local-write access the
+        // device never writes it.
         let mr = unsafe { pd.reg_mr(bytes.as_ptr() as usize, bytes.len(), access)? };
         Ok(UserRegion { mr, bytes })
     }
@@ -100,23 +168,68 @@ impl UserRegion {
         self.bytes.len()
     }
 
-    pub(crate) fn lkey(&self) -> u32 {
-        self.mr.lkey()
-    }
-
-    pub(crate) fn rkey(&self) -> u32 {
-        self.mr.rkey()
+    pub(crate) fn handle(&self) -> MrHandle {
+        MrHandle::of(&self.mr)
     }
 }
 
 /// A payload that lies inside registered memory, with the owners that keep both the bytes and
-/// the registration alive. Built by the pool's registry lookup or by the registration cache.
+/// the registration alive.
 pub(crate) struct HeldBytes {
-    pub(crate) bytes: Bytes,
-    pub(crate) lkey: u32,
-    pub(crate) rkey: u32,
+    bytes: Bytes,
+    mr: MrHandle,
+    /// Whether the registration allows binding a memory window (rendezvous).
+    exposable: bool,
     /// For user memory: the registration (pool buffers own theirs, kept alive by `bytes`).
-    pub(crate) _reg: Option<Arc<UserRegion>>,
+    _reg: Option<Arc<UserRegion>>,
+}
+
+impl HeldBytes {
+    /// A payload in a pool buffer.
+    ///
+    /// # Safety
+    /// `bytes` must lie inside the memory registered as `mr`, and that registration must live
+    /// for as long as `bytes` does (true when `bytes` is a view of the registered buffer that
+    /// owns the registration).
+    pub(crate) unsafe fn in_buffer(bytes: Bytes, mr: MrHandle, access: Access) -> HeldBytes {
+        HeldBytes {
+            bytes,
+            mr,
+            exposable: access == Access::Exposable,
+            _reg: None,
+        }
+    }
+
+    /// A payload inside a user registration, which is kept alive with it.
+    pub(crate) fn in_user_region(bytes: Bytes, reg: Arc<UserRegion>) -> Option<HeldBytes> {
+        let start = bytes.as_ptr() as usize;
+        let inside = reg.start() <= start
+            && start
+                .checked_add(bytes.len())
+                .is_some_and(|end| end <= reg.start() + reg.len());
+        inside.then(|| HeldBytes {
+            mr: reg.handle(),
+            bytes,
+            exposable: true,
+            _reg: Some(reg),
+        })
+    }
+
+    /// Whether a memory window may expose it (its registration allows binding).
+    pub(crate) fn exposable(&self) -> bool {
+        self.exposable
+    }
+}
+
+/// Memory registered for local access that work requests may read and write.
+///
+/// # Safety
+/// `addr()..addr() + len()` must be memory registered under `lkey()` with local write access,
+/// valid and at the same address for as long as the value lives.
+pub(crate) unsafe trait LocalMemory: Send + Sync + 'static {
+    fn addr(&self) -> usize;
+    fn len(&self) -> usize;
+    fn lkey(&self) -> u32;
 }
 
 /// `RLIMIT_MEMLOCK` (soft limit) in bytes, `None` for unlimited.
@@ -193,21 +306,21 @@ const RECV_BIT: u64 = 1 << 63;
 /// Bytes of one control slot (transport header + message header).
 pub(crate) const CTRL_SLOT: usize = 128;
 
-/// What a send-queue work request reads from or writes to. Kept until its completion.
-pub(crate) enum SqLocal {
+/// What a send-queue SEND reads. Kept until its completion.
+pub(crate) enum SqLocal<B> {
     /// The control slot of this work request only (`len` bytes of it).
     Ctrl { len: usize },
     /// The control slot, then a registered payload (two SGEs, no copy).
     CtrlPayload { len: usize, payload: HeldBytes },
     /// The control slot, then any payload bytes, copied by the provider at post (inline).
     Inline { len: usize, payload: Bytes },
-    /// A pool buffer holding the whole message (copied in).
-    Buf { buf: PoolBuf, len: usize },
+    /// A buffer holding the whole message (copied in).
+    Buf { buf: B, len: usize },
 }
 
 /// An RDMA READ of `len` bytes at `remote_addr`/`rkey` into `target[offset..]`.
-pub(crate) struct ReadSpec {
-    pub(crate) target: Arc<PoolBuf>,
+pub(crate) struct ReadSpec<B> {
+    pub(crate) target: Arc<B>,
     pub(crate) offset: usize,
     pub(crate) len: usize,
     pub(crate) remote_addr: u64,
@@ -215,77 +328,142 @@ pub(crate) struct ReadSpec {
     pub(crate) tag: u64,
 }
 
-enum SqEntry {
+/// A type-2 memory window: the only way the peer can reach this side's memory.
+struct Window {
+    mw: NonNull<sys::ibv_mw>,
+    /// The rkey of the current (or last) binding.
+    rkey: u32,
+    /// Keeps the protection domain alive while the window exists.
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: a memory window handle may be used from any thread; `Window` is the only owner.
+unsafe impl Send for Window {}
+// SAFETY: `&Window` exposes nothing that dereferences the handle.
+unsafe impl Sync for Window {}
+
+impl Window {
+    fn alloc(pd: &Arc<ProtectionDomain>) -> io::Result<Window> {
+        // SAFETY: the PD handle is valid while `pd` lives (the window keeps it alive). A null
+        // result means failure, with errno set.
+        let mw = unsafe { sys::ibv_alloc_mw(pd.pd().as_ptr(), sys::ibv_mw_type::IBV_MW_TYPE_2) };
+        let mw = NonNull::new(mw).ok_or_else(io::Error::last_os_error)?;
+        // SAFETY: `mw` was just returned by ibv_alloc_mw and is valid.
+        let rkey = unsafe { mw.as_ref().rkey };
+        Ok(Window {
+            mw,
+            rkey,
+            _pd: pd.clone(),
+        })
+    }
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        // SAFETY: the window was allocated by ibv_alloc_mw and is deallocated once, here.
+        // Deallocating invalidates any binding: no peer can use its rkey afterwards.
+        unsafe { sys::ibv_dealloc_mw(self.mw.as_ptr()) };
+    }
+}
+
+/// A payload exposed to the peer through a bound window. Field order is drop order: the window
+/// goes (deallocated, so invalidated) before the payload is released.
+struct Exposure {
+    window: Window,
+    held: HeldBytes,
+}
+
+enum SqEntry<B> {
     /// Kept only so the memory outlives the work request.
-    Send { _local: SqLocal },
+    Send { _local: SqLocal<B> },
     Read {
-        target: Arc<PoolBuf>,
+        target: Arc<B>,
         tag: u64,
         len: usize,
     },
+    /// A window bind; the exposure itself lives in `Endpoint::exposed`.
+    Bind,
+    /// A window invalidation: the exposure is released when it completes.
+    Invalidate { exposure: Exposure },
 }
+
+impl<B> SqEntry<B> {
+    fn kind(&self) -> WorkRequestKind {
+        match self {
+            SqEntry::Send { .. } => WorkRequestKind::Send,
+            SqEntry::Read { .. } => WorkRequestKind::RdmaRead,
+            SqEntry::Bind => WorkRequestKind::BindWindow,
+            SqEntry::Invalidate { .. } => WorkRequestKind::InvalidateWindow,
+        }
+    }
+}
+
+enum StagedOp {
+    Sge {
+        opcode: u32,
+        sge_start: usize,
+        num_sge: usize,
+        remote: Option<(u64, u32)>,
+    },
+    Bind {
+        mw: MwPtr,
+        rkey: u32,
+        mr: MrHandle,
+        addr: u64,
+        len: u64,
+    },
+    Invalidate {
+        rkey: u32,
+    },
+}
+
+/// A window's handle in a staged bind (the window itself lives in `Endpoint::exposed`).
+#[derive(Clone, Copy)]
+struct MwPtr(NonNull<sys::ibv_mw>);
+
+// SAFETY: an identifier passed to libibverbs only; the window outlives the staged request.
+unsafe impl Send for MwPtr {}
+// SAFETY: as above.
+unsafe impl Sync for MwPtr {}
 
 struct Staged {
     seq: u64,
-    opcode: u32,
     flags: u32,
-    sge_start: usize,
-    num_sge: usize,
-    remote: Option<(u64, u32)>,
+    op: StagedOp,
 }
 
-/// A completion, with the memory owner it released.
-pub(crate) enum Completion {
-    /// A receive landed in `buf` (`len` bytes), or failed.
-    Recv {
-        buf: PoolBuf,
-        len: usize,
-        status: Result<(), WcError>,
-    },
-    /// An RDMA READ into `target` finished (or failed).
-    Read {
-        target: Arc<PoolBuf>,
-        tag: u64,
-        len: usize,
-        status: Result<(), WcError>,
-    },
-    /// Sends up to a signaled one finished (`status` of that one).
-    Sent { status: Result<(), WcError> },
-}
-
-/// A failed work completion.
-#[derive(Debug, Clone)]
-pub(crate) struct WcError {
+/// A failed work completion: its raw `ibv_wc_status` and the device's own code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WcFailure {
     pub(crate) status: u32,
     pub(crate) vendor_err: u32,
 }
 
-impl WcError {
+impl WcFailure {
     pub(crate) fn is_flush(&self) -> bool {
         self.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR
     }
 }
 
-impl std::fmt::Display for WcError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let name = match self.status {
-            1 => "local length error",
-            2 => "local QP operation error",
-            4 => "local protection error",
-            5 => "work request flushed (QP in error state)",
-            9 => "remote invalid request",
-            10 => "remote access error",
-            11 => "remote operation error",
-            12 => "transport retry counter exceeded (peer unreachable)",
-            13 => "RNR retry counter exceeded",
-            _ => "work completion error",
-        };
-        write!(
-            f,
-            "{name} (ibv_wc_status {}, vendor error {:#x})",
-            self.status, self.vendor_err
-        )
-    }
+/// A completion, with the memory owner it released.
+pub(crate) enum Completion<B> {
+    /// A receive landed in `buf` (`len` bytes), or failed.
+    Recv {
+        buf: B,
+        len: usize,
+        status: Result<(), WcFailure>,
+    },
+    /// An RDMA READ into the target of `tag` finished (or failed).
+    Read {
+        tag: u64,
+        len: usize,
+        status: Result<(), WcFailure>,
+    },
+    /// Send-queue work up to a signaled request finished (`status` and kind of that one).
+    Sent {
+        status: Result<(), WcFailure>,
+        kind: WorkRequestKind,
+    },
 }
 
 /// The file descriptor of a channel (completion or rdma_cm event channel), holding the channel
@@ -307,19 +485,23 @@ pub(crate) fn watch<T: AsRawFd>(
     unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
 }
 
-/// A connected RC queue pair with its completion queue and channel, and the owners of every
-/// buffer the device may still be using.
-pub(crate) struct Endpoint {
-    // Field order is drop order: the QP goes first, so no work request can touch memory below.
+/// A connected RC queue pair with its completion queue and channel, the owners of every
+/// buffer the device may still be using, and the memory windows that expose payloads.
+pub(crate) struct Endpoint<B: LocalMemory> {
+    // Field order is drop order: the QP goes first, so no work request can touch memory below;
+    // then the windows (deallocated, so invalidated) before the payloads they exposed.
     qp: BasicQueuePair,
+    exposed: HashMap<u32, Exposure>,
+    free_windows: Vec<Window>,
     cq: Arc<BasicCompletionQueue>,
     channel: Arc<CompletionChannel>,
+    pd: Arc<ProtectionDomain>,
     unacked_events: u32,
     ctrl: OwnedRegion,
-    sq: VecDeque<(u64, SqEntry)>,
+    sq: VecDeque<(u64, SqEntry<B>)>,
     next_seq: u64,
     sq_depth: usize,
-    recv: Vec<Option<PoolBuf>>,
+    recv: Vec<Option<B>>,
     recv_free: Vec<usize>,
     staged: Vec<Staged>,
     sges: Vec<sys::ibv_sge>,
@@ -329,20 +511,25 @@ pub(crate) struct Endpoint {
     unsignaled: u32,
 }
 
-impl Endpoint {
+impl<B: LocalMemory> Endpoint<B> {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         qp: BasicQueuePair,
         cq: Arc<BasicCompletionQueue>,
         channel: Arc<CompletionChannel>,
+        pd: Arc<ProtectionDomain>,
         ctrl: OwnedRegion,
         sq_depth: usize,
         recv_depth: usize,
         inline_max: usize,
-    ) -> Endpoint {
+    ) -> Endpoint<B> {
         Endpoint {
             qp,
+            exposed: HashMap::new(),
+            free_windows: Vec::new(),
             cq,
             channel,
+            pd,
             unacked_events: 0,
             ctrl,
             sq: VecDeque::with_capacity(sq_depth),
@@ -381,17 +568,31 @@ impl Endpoint {
         let i = (seq as usize) % self.sq_depth;
         sys::ibv_sge {
             addr: (self.ctrl.addr() + i * CTRL_SLOT) as u64,
-            length: len as u32,
+            length: len.min(CTRL_SLOT) as u32,
             lkey: self.ctrl.lkey(),
         }
     }
 
-    /// Stages a SEND (posted by [`Endpoint::ring`]). Needs `sq_room() > 0`.
-    /// `signal`: request a completion (otherwise one comes with a later signaled request).
-    pub(crate) fn stage_send(&mut self, local: SqLocal, signal: bool) {
+    fn push_sq(&mut self, flags: u32, op: StagedOp, entry: SqEntry<B>) {
         assert!(self.sq_room() > 0, "send queue overrun");
         let seq = self.next_seq;
         self.next_seq += 1;
+        // Signal at least every quarter of the queue so entries are released in time.
+        self.unsignaled += 1;
+        let mut flags = flags;
+        if flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0
+            || self.unsignaled as usize >= (self.sq_depth / 4).max(1)
+        {
+            flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            self.unsignaled = 0;
+        }
+        self.staged.push(Staged { seq, flags, op });
+        self.sq.push_back((seq, entry));
+    }
+
+    /// Stages a SEND (posted by [`Endpoint::ring`]). Needs `sq_room() > 0`.
+    pub(crate) fn stage_send(&mut self, local: SqLocal<B>) {
+        let seq = self.next_seq;
         let sge_start = self.sges.len();
         let mut flags = 0u32;
         match &local {
@@ -409,7 +610,7 @@ impl Endpoint {
                     self.sges.push(sys::ibv_sge {
                         addr: payload.bytes.as_ptr() as u64,
                         length: payload.bytes.len() as u32,
-                        lkey: payload.lkey,
+                        lkey: payload.mr.lkey,
                     });
                 }
             }
@@ -428,70 +629,114 @@ impl Endpoint {
             SqLocal::Buf { buf, len } => {
                 self.sges.push(sys::ibv_sge {
                     addr: buf.addr() as u64,
-                    length: *len as u32,
+                    length: (*len).min(buf.len()) as u32,
                     lkey: buf.lkey(),
                 });
             }
         }
-        // Signal at least every quarter of the queue so entries are released in time.
-        self.unsignaled += 1;
-        let signal = signal || self.unsignaled as usize >= (self.sq_depth / 4).max(1);
-        if signal {
-            flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-            self.unsignaled = 0;
-        }
-        self.staged.push(Staged {
-            seq,
+        let op = StagedOp::Sge {
             opcode: sys::ibv_wr_opcode::IBV_WR_SEND,
-            flags,
             sge_start,
             num_sge: self.sges.len() - sge_start,
             remote: None,
-        });
-        self.sq.push_back((seq, SqEntry::Send { _local: local }));
+        };
+        self.push_sq(flags, op, SqEntry::Send { _local: local });
     }
 
-    /// Stages an RDMA READ (always signaled). Needs `sq_room() > 0`.
-    pub(crate) fn stage_read(&mut self, r: ReadSpec) {
-        assert!(self.sq_room() > 0, "send queue overrun");
-        assert!(r.offset + r.len <= r.target.len(), "READ past its target");
-        let seq = self.next_seq;
-        self.next_seq += 1;
+    /// Stages an RDMA READ (always signaled). Needs `sq_room() > 0`. A READ outside its
+    /// target is refused (no work request is staged).
+    pub(crate) fn stage_read(&mut self, r: ReadSpec<B>) -> io::Result<()> {
+        let end = r.offset.checked_add(r.len);
+        if end.is_none_or(|e| e > r.target.len()) || r.len > u32::MAX as usize {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "RDMA READ outside its target",
+            ));
+        }
         let sge_start = self.sges.len();
         self.sges.push(sys::ibv_sge {
             addr: (r.target.addr() + r.offset) as u64,
             length: r.len as u32,
             lkey: r.target.lkey(),
         });
-        self.unsignaled = 0;
-        self.staged.push(Staged {
-            seq,
+        let op = StagedOp::Sge {
             opcode: sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
-            flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
             sge_start,
             num_sge: 1,
             remote: Some((r.remote_addr, r.rkey)),
-        });
-        self.sq.push_back((
-            seq,
-            SqEntry::Read {
-                target: r.target,
-                tag: r.tag,
-                len: r.len,
-            },
-        ));
+        };
+        let entry = SqEntry::Read {
+            target: r.target,
+            tag: r.tag,
+            len: r.len,
+        };
+        self.push_sq(sys::ibv_send_flags::IBV_SEND_SIGNALED.0, op, entry);
+        Ok(())
     }
 
-    /// Stages a receive into `buf` (posted by [`Endpoint::ring`]). Needs a free receive slot.
-    pub(crate) fn stage_recv(&mut self, buf: PoolBuf) {
-        let slot = self.recv_free.pop().expect("receive table overrun");
+    /// Exposes `held` to the peer for RDMA READ, through a type-2 memory window bound to this
+    /// queue pair (staged; posted by [`Endpoint::ring`] ahead of the RTS that announces it).
+    /// Returns the address and rkey to announce. Needs `sq_room() > 0`.
+    pub(crate) fn stage_expose(&mut self, id: u32, held: HeldBytes) -> io::Result<(u64, u32)> {
+        if !held.exposable {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "memory registered without window binding",
+            ));
+        }
+        if self.exposed.contains_key(&id) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "rendezvous id already exposed",
+            ));
+        }
+        let mut window = match self.free_windows.pop() {
+            Some(w) => w,
+            None => Window::alloc(&self.pd)?,
+        };
+        // A new key for every binding: the previous transfer's rkey no longer matches.
+        // SAFETY: plain arithmetic on the key's low byte (an `unsafe fn` in the binding).
+        window.rkey = unsafe { sys::ibv_inc_rkey(window.rkey) };
+        let addr = held.bytes.as_ptr() as u64;
+        let op = StagedOp::Bind {
+            mw: MwPtr(window.mw),
+            rkey: window.rkey,
+            mr: held.mr,
+            addr,
+            len: held.bytes.len() as u64,
+        };
+        let rkey = window.rkey;
+        self.push_sq(0, op, SqEntry::Bind);
+        self.exposed.insert(id, Exposure { window, held });
+        Ok((addr, rkey))
+    }
+
+    /// Revokes the peer's access to rendezvous `id` (a local invalidation of its window,
+    /// staged); the payload is released when the invalidation completes. Needs `sq_room() > 0`.
+    pub(crate) fn stage_unexpose(&mut self, id: u32) {
+        let Some(exposure) = self.exposed.remove(&id) else {
+            return;
+        };
+        let op = StagedOp::Invalidate {
+            rkey: exposure.window.rkey,
+        };
+        self.push_sq(0, op, SqEntry::Invalidate { exposure });
+    }
+
+    /// Stages a receive into `buf` (posted by [`Endpoint::ring`]). Fails when the receive table
+    /// is full (more buffers than the queue's depth).
+    pub(crate) fn stage_recv(&mut self, buf: B) -> Result<(), B> {
+        let Some(slot) = self.recv_free.pop() else {
+            return Err(buf);
+        };
         let sge = sys::ibv_sge {
             addr: buf.addr() as u64,
-            length: buf.len() as u32,
+            length: buf.len().min(u32::MAX as usize) as u32,
             lkey: buf.lkey(),
         };
         self.recv[slot] = Some(buf);
         self.staged_recv.push((RECV_BIT | slot as u64, sge));
+        Ok(())
     }
 
     /// Posts everything staged: one `ibv_post_recv` and one `ibv_post_send` at most.
@@ -520,9 +765,9 @@ impl Endpoint {
             self.staged_recv.clear();
             let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
             // SAFETY: `wrs` is a well-formed list whose SGEs (in `sges`, alive across the call)
-            // each cover one whole pool buffer that `self.recv` now owns and keeps until the
-            // receive's completion (or until the QP, dropped first, is destroyed). The QP handle
-            // is valid while `self.qp` lives.
+            // each cover one whole buffer (`LocalMemory`: registered, local write) that
+            // `self.recv` now owns and keeps until the receive's completion (or until the QP,
+            // dropped first, is destroyed). The QP handle is valid while `self.qp` lives.
             let rc =
                 unsafe { sys::ibv_post_recv(self.qp.qp().as_ptr(), wrs.as_mut_ptr(), &mut bad) };
             doorbells += 1;
@@ -532,7 +777,7 @@ impl Endpoint {
         }
         if !self.staged.is_empty() {
             // The last request of every batch is signaled, so nothing waits for a later batch
-            // to be released (the queue is also signaled every quarter, see `stage_send`).
+            // to be released (the queue is also signaled every quarter, see `push_sq`).
             let last = self.staged.len() - 1;
             if self.staged[last].flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 == 0 {
                 self.staged[last].flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
@@ -546,30 +791,75 @@ impl Endpoint {
             for (i, s) in self.staged.iter().enumerate() {
                 let wr = &mut wrs[i];
                 wr.wr_id = s.seq;
-                wr.opcode = s.opcode;
                 wr.send_flags = s.flags;
-                wr.num_sge = s.num_sge as i32;
-                wr.sg_list = &mut self.sges[s.sge_start];
-                if let Some((addr, rkey)) = s.remote {
-                    wr.wr.rdma = sys::rdma_t {
-                        remote_addr: addr,
+                match s.op {
+                    StagedOp::Sge {
+                        opcode,
+                        sge_start,
+                        num_sge,
+                        remote,
+                    } => {
+                        wr.opcode = opcode;
+                        wr.num_sge = num_sge as i32;
+                        wr.sg_list = &mut self.sges[sge_start];
+                        if let Some((addr, rkey)) = remote {
+                            wr.wr.rdma = sys::rdma_t {
+                                remote_addr: addr,
+                                rkey,
+                            };
+                        }
+                    }
+                    StagedOp::Bind {
+                        mw,
                         rkey,
-                    };
+                        mr,
+                        addr,
+                        len,
+                    } => {
+                        wr.opcode = sys::ibv_wr_opcode::IBV_WR_BIND_MW;
+                        wr.bind_mw_tso_union.bind_mw = sys::bind_mw_t {
+                            mw: mw.0.as_ptr(),
+                            rkey,
+                            bind_info: sys::ibv_mw_bind_info {
+                                mr: mr.mr.as_ptr(),
+                                addr,
+                                length: len,
+                                mw_access_flags: sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0,
+                            },
+                        };
+                    }
+                    StagedOp::Invalidate { rkey } => {
+                        wr.opcode = sys::ibv_wr_opcode::IBV_WR_LOCAL_INV;
+                        wr.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
+                    }
                 }
             }
             for i in 0..n.saturating_sub(1) {
                 let next: *mut sys::ibv_send_wr = &mut wrs[i + 1];
                 wrs[i].next = next;
             }
-            self.staged.clear();
             let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
             // SAFETY: `wrs` is a well-formed list; every SGE points either into the control
-            // region (owned by `self`), into a pool buffer or payload held in `self.sq` until the
+            // region (owned by `self`), into a buffer or payload held in `self.sq` until the
             // completion, or (inline) into a payload held in `self.sq` and copied by the
             // provider during this call. Lengths never exceed the memory they describe (checked
-            // when staged). READ targets are pool buffers held in `self.sq`. The QP is valid.
+            // when staged). READ targets are buffers held in `self.sq`. A window bind names a
+            // window and a registration that `self.exposed` keeps alive (the window until it is
+            // invalidated or deallocated, the registration through the payload it exposes),
+            // and a range inside that registration (`HeldBytes`). The QP is valid.
             let rc =
                 unsafe { sys::ibv_post_send(self.qp.qp().as_ptr(), wrs.as_mut_ptr(), &mut bad) };
+            // A type-2 window's new key is the application's to track: the provider names the
+            // window by the key in `ibv_mw` (checked against the device's), so the next bind or
+            // invalidation must find the key this bind installs.
+            for s in &self.staged {
+                if let StagedOp::Bind { mw, rkey, .. } = s.op {
+                    // SAFETY: the window is alive (kept in `self.exposed`) and only this
+                    // endpoint uses it; the provider read the old key during the post above.
+                    unsafe { (*mw.0.as_ptr()).rkey = rkey };
+                }
+            }
+            self.staged.clear();
             self.sges.clear();
             doorbells += 1;
             if rc != 0 {
@@ -580,7 +870,7 @@ impl Endpoint {
     }
 
     /// Polls up to 32 completions into `out`; returns how many work completions were read.
-    pub(crate) fn poll(&mut self, out: &mut Vec<Completion>) -> io::Result<usize> {
+    pub(crate) fn poll(&mut self, out: &mut Vec<Completion<B>>) -> io::Result<usize> {
         self.wcs.clear();
         let cap = self.wcs.capacity();
         // SAFETY: `wcs` has room for `cap` entries; ibv_poll_cq writes at most that many and
@@ -597,7 +887,7 @@ impl Endpoint {
             let status = if wc.status == sys::ibv_wc_status::IBV_WC_SUCCESS {
                 Ok(())
             } else {
-                Err(WcError {
+                Err(WcFailure {
                     status: wc.status,
                     vendor_err: wc.vendor_err,
                 })
@@ -608,44 +898,65 @@ impl Endpoint {
                     continue; // not ours (cannot happen): ignore rather than crash
                 };
                 self.recv_free.push(slot);
-                out.push(Completion::Recv {
-                    buf,
-                    len: wc.byte_len as usize,
-                    status,
-                });
+                let len = (wc.byte_len as usize).min(buf.len());
+                out.push(Completion::Recv { buf, len, status });
             } else {
-                // Send-queue completions come in order: release everything up to this one.
-                let mut sent = false;
-                while let Some((seq, _)) = self.sq.front() {
-                    if *seq > wc.wr_id {
-                        break;
-                    }
-                    let (seq, entry) = self.sq.pop_front().expect("front exists");
-                    match entry {
-                        SqEntry::Read { target, tag, len } => out.push(Completion::Read {
-                            target,
-                            tag,
-                            len,
-                            status: if seq == wc.wr_id {
-                                status.clone()
-                            } else {
-                                Err(WcError {
-                                    status: sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR,
-                                    vendor_err: 0,
-                                })
-                            },
-                        }),
-                        SqEntry::Send { .. } => sent = true,
-                    }
-                }
-                if sent {
-                    out.push(Completion::Sent {
-                        status: status.clone(),
-                    });
-                }
+                self.complete_sq(wc.wr_id, status, out);
             }
         }
         Ok(n as usize)
+    }
+
+    /// Send-queue completions come in order: every entry before the completed one finished
+    /// successfully (an error always produces its own completion); release them all.
+    fn complete_sq(
+        &mut self,
+        wr_id: u64,
+        status: Result<(), WcFailure>,
+        out: &mut Vec<Completion<B>>,
+    ) {
+        let mut sent: Option<WorkRequestKind> = None;
+        while let Some((seq, _)) = self.sq.front() {
+            if *seq > wr_id {
+                break;
+            }
+            let (seq, entry) = self.sq.pop_front().expect("front exists");
+            let this = seq == wr_id;
+            let st = if this { status } else { Ok(()) };
+            let kind = entry.kind();
+            match entry {
+                SqEntry::Read { target, tag, len } => {
+                    drop(target);
+                    out.push(Completion::Read {
+                        tag,
+                        len,
+                        status: st,
+                    });
+                }
+                SqEntry::Invalidate { exposure } => {
+                    if st.is_ok() {
+                        // Invalidated: the window can expose the next payload.
+                        let Exposure { window, held } = exposure;
+                        drop(held);
+                        self.free_windows.push(window);
+                    } else {
+                        // Not invalidated (QP in error): deallocate the window, then release.
+                        drop(exposure);
+                    }
+                    if this {
+                        sent = Some(kind);
+                    }
+                }
+                SqEntry::Send { .. } | SqEntry::Bind => {
+                    if this {
+                        sent = Some(kind);
+                    }
+                }
+            }
+        }
+        if let Some(kind) = sent {
+            out.push(Completion::Sent { status, kind });
+        }
     }
 
     /// Arms the CQ: the channel fd becomes readable at the next completion.
@@ -714,7 +1025,7 @@ impl Endpoint {
     }
 }
 
-impl Drop for Endpoint {
+impl<B: LocalMemory> Drop for Endpoint<B> {
     fn drop(&mut self) {
         // Every event read from the channel must be acknowledged before the CQ is destroyed.
         if self.unacked_events > 0 {

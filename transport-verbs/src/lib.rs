@@ -36,27 +36,54 @@
 //! rendezvous id, length, address, rkey; see `proto.rs`), then the message header (≤ 64 bytes),
 //! then, for eager messages, the payload.
 //!
-//! - **Credits.** Each side posts `recv_depth` receive buffers of `recv_buf_size()` bytes before
-//!   connecting and starts with one credit, spent on a HELLO that grants the other
-//!   `recv_depth - 1` and announces its buffer size. Every SEND consumes one credit; every
-//!   received SEND is re-posted at once and its credit returned on the next outgoing header, or
-//!   by a CREDIT message when a quarter of the queue is owed. Data needs two credits, so the last one is
-//!   always left for a CREDIT or CLOSE: the receiver never runs out of posted buffers (no RNR)
-//!   and the two sides cannot deadlock. A sender out of credits waits (`credit_stalls`).
+//! The protocol of a connection is a plain state machine, `engine.rs` (sans-IO, after
+//! quinn-proto): it takes received messages, completions, the application's pace and the
+//! time, and returns the work requests to post and the messages to deliver. It makes no verbs
+//! call and knows no tokio, so it is unit- and property-tested without a device (honest pairs
+//! over a simulated wire, and arbitrary hostile message sequences). `conn.rs` is the glue that
+//! posts what it asks for; `ffi.rs` holds all `unsafe` code.
+//!
+//! ```text
+//!             send / close          recv (app pace)
+//!                  │                      ▲
+//!   ┌──────────────▼──────────────────────┴───────────────┐
+//!   │ engine (per connection, sans-IO)                    │
+//!   │   HELLO ─► credits ─► EAGER | RTS ─► FIN ─► CLOSE   │
+//!   │   checks every peer number, bounds what it holds    │
+//!   └──────▲───────────────────────────────────┬──────────┘
+//!   received msg, READ done, timer      SEND, bind/invalidate window, READ
+//!          │                                   ▼
+//!   conn.rs (tokio glue) ───────────────► ffi.rs (ibv_post_*, poll, windows)
+//! ```
+//!
+//! - **Handshake.** Each side posts `recv_depth` receive buffers of `recv_buf_size()` bytes
+//!   before connecting and starts with one credit, spent on a HELLO that announces the protocol
+//!   version, its buffer size and queue depth, and how many rendezvous transfers (and bytes) it
+//!   accepts outstanding, and grants the other `recv_depth - 1` credits. Nothing else may come
+//!   first; a peer that sends no HELLO within `handshake_timeout` fails the connection.
+//! - **Credits.** Every SEND consumes one credit; every received SEND is re-posted at once and
+//!   its credit returned on the next outgoing header, or by a CREDIT message when a quarter of
+//!   the queue is owed. Data (EAGER, RTS, FIN) needs two credits, so the last one is always left
+//!   for a CREDIT or CLOSE: the receiver never runs out of posted buffers (no RNR) and the two
+//!   sides cannot deadlock. A sender out of credits waits (`credit_stalls`).
 //! - **Eager.** A message whose header and payload fit the peer's receive buffer is sent by
 //!   SEND: inline below the device's inline limit, straight from registered memory (two SGEs,
 //!   no copy) when the payload lies in a pool buffer or was registered, else copied into a pool
 //!   buffer. The receiver hands payloads of `zero_copy_recv_min` bytes or more over in the
 //!   receive buffer itself and posts a fresh buffer from the pool; smaller ones are copied out.
-//! - **Rendezvous.** Above `eager_limit` the sender registers the payload (pool lookup, then a
-//!   registration cache) and sends an RTS with its address and rkey; the receiver takes a
-//!   pool buffer and RDMA READs the payload in `rendezvous_chunk` pieces (`rendezvous_window`
-//!   of them in flight, so replies are not stuck behind a large transfer) straight into it, then
-//!   sends FIN so the sender releases the memory. A payload above the receiver's limit is refused
-//!   (FIN without a READ) and reported as `MessageTooLarge` with its header.
-//! - **Backpressure.** When the application leaves more than `4 × recv_depth` received
-//!   messages untaken, receive buffers are held back (not re-posted, no credit returned) until
-//!   it reads: the peer waits on credits instead of this side queueing without bound.
+//! - **Rendezvous.** Above the peer's receive buffer the sender exposes the payload (in
+//!   registered memory: a pool buffer, or a registration cache entry) through a memory window
+//!   and sends an RTS with its address and the window's rkey; the receiver RDMA READs the payload
+//!   in `rendezvous_chunk` pieces (`rendezvous_window` of them in flight, so replies are not
+//!   stuck behind a large transfer) into a pool buffer taken when its first READ is posted, then
+//!   sends FIN; the sender invalidates the window and releases the payload. A payload above the
+//!   receiver's limit is refused (FIN without a READ) and reported as `MessageTooLarge` with its
+//!   header. At most `min(max_rendezvous_out, the peer's announced count)` payloads are exposed
+//!   at once (and the peer's announced bytes); the next large send waits (`rendezvous_stalls`).
+//! - **Backpressure.** When the application leaves more than `4 × recv_depth` received messages
+//!   or `receive_backlog_bytes` untaken, credits of re-posted buffers are withheld and no new
+//!   rendezvous READ starts until it reads: the peer waits on credits instead of this side
+//!   queueing without bound.
 //! - **Completions.** One CQ per connection, armed through a completion channel whose fd sits
 //!   on tokio's `AsyncFd`; every wake drains the CQ completely and posts everything credits
 //!   allow with one doorbell. Sends are signaled selectively: the last of each batch and at
@@ -66,13 +93,47 @@
 //! - **Teardown.** `close()` sends CLOSE (the peer's receiver sees a clean end); dropping both
 //!   halves keeps the connection alive in the background while outstanding work (a peer still
 //!   reading a rendezvous payload) makes progress, gives up after `linger` without a completion,
-//!   and disconnects. A peer that vanishes
-//!   (rdma_cm DISCONNECTED), a QP in the error state or a failed completion fail every pending
-//!   and later call with a typed error naming the cause.
+//!   and disconnects. A peer that vanishes (rdma_cm DISCONNECTED), a QP in the error state, a
+//!   failed completion, a broken protocol rule or a missed deadline fail every pending and later
+//!   call with a typed error naming the cause.
+//!
+//! ## Security model: what a peer can and cannot do
+//!
+//! A peer is not trusted. Every number it sends (lengths, addresses, credits, ids, buffer
+//! sizes, counts) is checked before it changes any state; a violation fails that connection with
+//! [`VerbsError::Protocol`] (a [`ProtocolViolation`] saying which rule), never a panic, a wrap
+//! or unbounded work, and other connections go on.
+//!
+//! What a peer **can** make this side hold, per connection, at most:
+//! - receive buffers: `recv_depth × recv_buf_size()` (posted before connecting);
+//! - rendezvous targets: `max_rendezvous_in` transfers and `max_rendezvous_in_bytes` (one
+//!   transfer up to `max_message_size` is always allowed); each allocated only when its first
+//!   READ is posted, and none started while the application is behind;
+//! - received messages the application has not taken: about `receive_backlog_bytes` (and
+//!   `4 × recv_depth` messages) plus what its remaining credits let through;
+//! - our own payloads it has not acknowledged: `max_rendezvous_out`, for at most
+//!   `rendezvous_timeout` without a FIN.
+//!
+//! What a peer **can** touch in this side's memory: only the payload of a rendezvous it was
+//! sent, by RDMA READ, through a type-2 memory window that is bound to this connection's queue
+//! pair, covers exactly that payload, and is invalidated when its FIN arrives (before the
+//! payload's memory is released or reused). It **cannot**:
+//! - write anything: no memory region, window or queue pair is registered or configured for
+//!   remote write or atomics (no feature posts RDMA WRITE);
+//! - read receive buffers, the control slots or pool buffers outside a live window: memory
+//!   regions are registered for local access and window binding only, so their own rkeys grant
+//!   nothing;
+//! - read a payload after its FIN (the window's key is invalid, the READ fails with a remote
+//!   access error), or through another connection (a type-2 window is bound to one queue pair),
+//!   with a leaked or guessed key.
+//!
+//! The tests in `tests/hostile.rs` (run in the soft-RoCE guest) check each of these with a peer
+//! that speaks the wire format by hand (module `test_peer`, feature `test-peer`).
 //!
 //! Memory registered with the NIC is never released while a work request may use it: the
-//! endpoint keeps the owner of every buffer a posted request touches until its completion, and
-//! the queue pair is destroyed before any of that memory (see the `ffi` module).
+//! endpoint keeps the owner of every buffer a posted request touches until its completion, a
+//! window is invalidated or deallocated before the payload it exposed is released, and the
+//! queue pair is destroyed before any of that memory (see the `ffi` module).
 //!
 //! ## Defaults, measured
 //!
@@ -122,99 +183,30 @@ pub mod conformance;
 pub mod device;
 mod error;
 mod ffi;
+#[cfg(feature = "test-peer")]
+pub mod test_peer;
 
 mod cm;
+mod config;
 mod conn;
+mod engine;
 mod pool;
 mod proto;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use transport_core::{Capabilities, Listener, Transport, TransportError, MAX_HEADER_LEN};
+use transport_core::{Capabilities, Listener, Transport, TransportError};
 
+pub use config::VerbsConfig;
 pub use conn::{VerbsConnection, VerbsReceiver, VerbsSender};
 pub use device::{
     list_devices, open_device, open_first_device, Device, DeviceInfo, GidInfo, GidType, LinkLayer,
     PortInfo, PortState, ProtectionDomain, RegisteredBuffer,
 };
-pub use error::VerbsError;
+pub use error::{ProtocolViolation, VerbsError, WcStatus, WorkRequestKind};
 #[doc(hidden)]
 pub use ffi::{drop_ipc_lock_capability, set_memlock_soft_limit};
-
-/// Settings of the verbs transport. Both sides may differ: buffer sizes are exchanged.
-#[derive(Debug, Clone)]
-pub struct VerbsConfig {
-    /// Largest message (header + payload) accepted, in bytes.
-    pub max_message_size: usize,
-    /// Largest payload sent eagerly (SEND into a posted buffer); above it: rendezvous.
-    pub eager_limit: usize,
-    /// Receive buffers posted per connection (the credits granted to the peer).
-    pub recv_depth: usize,
-    /// Send queue depth (work requests in flight, including RDMA READs).
-    pub send_depth: usize,
-    /// Inline data requested from the device (0 disables inline sends).
-    pub inline_size: usize,
-    /// Received eager payloads of at least this size are handed over in place (zero copy);
-    /// smaller ones are copied out so their receive buffer is re-posted at once.
-    pub zero_copy_recv_min: usize,
-    /// Size of one RDMA READ of a rendezvous transfer.
-    pub rendezvous_chunk: usize,
-    /// RDMA READs in flight per connection (sends queued behind them wait for at most this many).
-    pub rendezvous_window: usize,
-    /// Bytes of user memory kept registered by the registration cache.
-    pub registration_cache_bytes: usize,
-    /// Bytes of idle registered buffers the pool keeps for reuse.
-    pub pool_keep_bytes: usize,
-    /// Spin on the completion queue instead of sleeping on the completion channel.
-    pub busy_poll: bool,
-    /// Time limit of each connection-setup step.
-    pub connect_timeout: Duration,
-    /// How long a dropped connection waits, without any completion, for outstanding work (the
-    /// peer still reading a rendezvous payload) before disconnecting. Every completion restarts
-    /// the wait; a peer that disconnects or fails ends it at once.
-    pub linger: Duration,
-    /// Listen backlog.
-    pub backlog: i32,
-}
-
-impl Default for VerbsConfig {
-    fn default() -> Self {
-        VerbsConfig {
-            max_message_size: 64 << 20,
-            eager_limit: 64 << 10,
-            recv_depth: 64,
-            send_depth: 128,
-            inline_size: 128,
-            zero_copy_recv_min: 4096,
-            rendezvous_chunk: 1 << 20,
-            rendezvous_window: 4,
-            registration_cache_bytes: 256 << 20,
-            pool_keep_bytes: 64 << 20,
-            busy_poll: false,
-            connect_timeout: Duration::from_secs(5),
-            linger: Duration::from_secs(10),
-            backlog: 128,
-        }
-    }
-}
-
-impl VerbsConfig {
-    /// The defaults with another max message size.
-    pub fn with_max_message_size(max: usize) -> VerbsConfig {
-        VerbsConfig {
-            max_message_size: max,
-            ..VerbsConfig::default()
-        }
-    }
-
-    /// Size of each posted receive buffer: transport header + largest message header +
-    /// `eager_limit`.
-    pub fn recv_buf_size(&self) -> usize {
-        proto::TH_LEN + MAX_HEADER_LEN + self.eager_limit
-    }
-}
 
 /// The IPv4 address of the first RDMA device that has one (its RoCE v2 IPv4 GID): an address to
 /// listen on or connect to with [`VerbsTransport`] on this machine. [`VerbsError::NoDevice`]
@@ -228,22 +220,6 @@ pub fn local_rdma_ip() -> Result<std::net::IpAddr, VerbsError> {
         .ok_or_else(|| VerbsError::DeviceNotFound("any with an IPv4 (RoCE v2) address".into()))
 }
 
-pub(crate) fn capabilities(cfg: &VerbsConfig) -> Capabilities {
-    Capabilities {
-        name: "verbs",
-        max_message_size: cfg.max_message_size,
-        max_header_len: MAX_HEADER_LEN,
-        inline_size: cfg.inline_size.saturating_sub(proto::TH_LEN),
-        rdma_read: true,
-        rdma_write: true,
-        zero_copy_send: true,
-        zero_copy_recv: true,
-        registered_buffers: true,
-        event_fd: !cfg.busy_poll,
-        reliable_ordered: true,
-    }
-}
-
 /// The verbs transport. Addresses are `IP:port` of an RDMA-capable interface.
 #[derive(Debug, Clone)]
 pub struct VerbsTransport {
@@ -255,11 +231,7 @@ impl VerbsTransport {
     /// [`VerbsError::NoDevice`] / [`VerbsError::RdmaCoreMissing`] otherwise (see
     /// [`VerbsError::is_no_device`]).
     pub fn new(config: VerbsConfig) -> Result<VerbsTransport, VerbsError> {
-        if config.recv_depth < 4 || config.send_depth < 8 || config.rendezvous_chunk == 0 {
-            return Err(VerbsError::Config(
-                "recv_depth must be at least 4, send_depth at least 8, rendezvous_chunk above 0",
-            ));
-        }
+        config.validate()?;
         list_devices()?;
         Ok(VerbsTransport {
             config: Arc::new(config),
@@ -278,22 +250,31 @@ impl Transport for VerbsTransport {
     type Listener = VerbsListener;
 
     fn capabilities(&self) -> Capabilities {
-        capabilities(&self.config)
+        self.config.capabilities()
     }
 
     async fn connect(&self, addr: &SocketAddr) -> Result<VerbsConnection, TransportError> {
-        cm::connect(self.config.clone(), *addr).await
+        let est = cm::connect(self.config.clone(), *addr).await?;
+        conn::start(est, self.config.clone())
     }
 
     async fn listen(&self, addr: &SocketAddr) -> Result<VerbsListener, TransportError> {
-        let l = cm::listen(*addr, self.config.clone())?;
-        Ok(VerbsListener { inner: l })
+        let (tx, ready) = tokio::sync::mpsc::unbounded_channel();
+        let cfg = self.config.clone();
+        let l = cm::listen(*addr, self.config.clone(), move |est| {
+            // Started at once: the handshake and its time limit do not wait for `accept`.
+            if let Ok(c) = conn::start(est, cfg.clone()) {
+                let _ = tx.send(c);
+            }
+        })?;
+        Ok(VerbsListener { inner: l, ready })
     }
 }
 
 /// A listening rdma_cm identifier.
 pub struct VerbsListener {
     inner: cm::Listening,
+    ready: tokio::sync::mpsc::UnboundedReceiver<VerbsConnection>,
 }
 
 impl std::fmt::Debug for VerbsListener {
@@ -307,7 +288,7 @@ impl std::fmt::Debug for VerbsListener {
 impl Drop for VerbsListener {
     fn drop(&mut self) {
         if let Some(id) = self.inner.id.take() {
-            conn::drop_id_off_thread(id);
+            cm::drop_id_off_thread(id);
         }
     }
 }
@@ -322,6 +303,6 @@ impl Listener for VerbsListener {
 
     /// The next established connection (set up in the background; cancel safe).
     async fn accept(&mut self) -> Result<VerbsConnection, TransportError> {
-        self.inner.ready.recv().await.ok_or(TransportError::Closed)
+        self.ready.recv().await.ok_or(TransportError::Closed)
     }
 }

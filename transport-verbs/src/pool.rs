@@ -18,7 +18,9 @@ use sideway::ibverbs::protection_domain::ProtectionDomain;
 use transport_core::{BackendRegion, BufferPool, Metrics, SendBuffer};
 
 use crate::error::VerbsError;
-use crate::ffi::{memlock_limit, HeldBytes, OwnedRegion, UserRegion};
+use crate::ffi::{
+    memlock_limit, Access, HeldBytes, LocalMemory, MrHandle, OwnedRegion, UserRegion,
+};
 
 /// Size class of a buffer able to hold `n` bytes: powers of two from 4 KiB to 1 MiB, then
 /// multiples of 1 MiB.
@@ -44,10 +46,11 @@ pub(crate) struct PoolInner {
 
 #[derive(Default)]
 struct PoolState {
-    free: HashMap<usize, Vec<OwnedRegion>>,
+    /// Idle buffers by (size, access).
+    free: HashMap<(usize, Access), Vec<OwnedRegion>>,
     idle_bytes: usize,
-    /// start address -> (len, lkey, rkey) of every live pool buffer.
-    registry: BTreeMap<usize, (usize, u32, u32)>,
+    /// start address -> (len, registration, access) of every live pool buffer.
+    registry: BTreeMap<usize, (usize, MrHandle, Access)>,
 }
 
 struct RegCache {
@@ -86,11 +89,11 @@ impl Pool {
         }
     }
 
-    /// A buffer of exactly `size` bytes (a size class), from the free list or newly registered.
-    pub(crate) fn get(&self, size: usize) -> Result<PoolBuf, VerbsError> {
+    /// A buffer of exactly `size` bytes for `access`, from the free list or newly registered.
+    fn get(&self, size: usize, access: Access) -> Result<PoolBuf, VerbsError> {
         {
             let mut st = self.inner.state.lock().expect("pool lock");
-            if let Some(region) = st.free.get_mut(&size).and_then(Vec::pop) {
+            if let Some(region) = st.free.get_mut(&(size, access)).and_then(Vec::pop) {
                 st.idle_bytes -= size;
                 return Ok(PoolBuf {
                     region: Some(region),
@@ -98,45 +101,53 @@ impl Pool {
                 });
             }
         }
-        let region = OwnedRegion::new(&self.inner.pd, size)
+        let region = OwnedRegion::new(&self.inner.pd, size, access)
             .map_err(|e| registration_error(&self.inner.device, size, e))?;
         self.inner.metrics.registrations.incr();
-        let mut st = self.inner.state.lock().expect("pool lock");
-        st.registry
-            .insert(region.addr(), (size, region.lkey(), region.rkey()));
+        {
+            let mut st = self.inner.state.lock().expect("pool lock");
+            st.registry
+                .insert(region.addr(), (size, region.handle(), access));
+        }
         Ok(PoolBuf {
             region: Some(region),
             pool: self.inner.clone(),
         })
     }
 
-    /// A buffer for at least `n` bytes, of `n`'s size class.
+    /// A receive buffer of exactly `size` bytes: written by the device, never exposed.
+    pub(crate) fn get_recv(&self, size: usize) -> Result<PoolBuf, VerbsError> {
+        self.get(size, Access::LocalWrite)
+    }
+
+    /// A buffer for at least `n` bytes, of `n`'s size class, that may be sent from or exposed
+    /// to the peer by a memory window (send buffers, rendezvous targets).
     pub(crate) fn get_for(&self, n: usize) -> Result<PoolBuf, VerbsError> {
-        self.get(class_of(n))
+        self.get(class_of(n), Access::Exposable)
     }
 
     /// The registration covering `bytes`, if it lies inside a live pool buffer (no copy, no
-    /// registration needed to send it).
+    /// registration needed to send it eagerly; see [`HeldBytes::exposable`] for rendezvous).
     pub(crate) fn lookup(&self, bytes: &Bytes) -> Option<HeldBytes> {
         let start = bytes.as_ptr() as usize;
         let st = self.inner.state.lock().expect("pool lock");
-        let (&base, &(len, lkey, rkey)) = st.registry.range(..=start).next_back()?;
-        if start + bytes.len() <= base + len {
-            Some(HeldBytes {
-                bytes: bytes.clone(),
-                lkey,
-                rkey,
-                _reg: None,
-            })
+        let (&base, &(len, mr, access)) = st.registry.range(..=start).next_back()?;
+        let end = start.checked_add(bytes.len())?;
+        if end <= base + len {
+            // SAFETY: `bytes` lies inside the live pool buffer at `base`, registered as `mr`
+            // for `access`. That buffer is in the registry, so it is alive; memory inside it can
+            // only be reached through views of it, so `bytes` keeps the buffer (and its
+            // registration, dropped only with the buffer) alive as long as the `HeldBytes` lives.
+            Some(unsafe { HeldBytes::in_buffer(bytes.clone(), mr, access) })
         } else {
             None
         }
     }
 
-    /// `bytes` with a registration: a pool buffer, a cached user registration, or a new one
-    /// (counted, and cached).
+    /// `bytes` with a registration a memory window can expose: an exposable pool buffer, a
+    /// cached user registration, or a new one (counted, and cached).
     pub(crate) fn register(&self, bytes: &Bytes) -> Result<HeldBytes, VerbsError> {
-        if let Some(h) = self.lookup(bytes) {
+        if let Some(h) = self.lookup(bytes).filter(HeldBytes::exposable) {
             return Ok(h);
         }
         let start = bytes.as_ptr() as usize;
@@ -149,12 +160,9 @@ impl Pool {
         {
             let reg = cache.entries.remove(pos).expect("position is valid");
             cache.entries.push_back(reg.clone());
-            return Ok(HeldBytes {
-                bytes: bytes.clone(),
-                lkey: reg.lkey(),
-                rkey: reg.rkey(),
-                _reg: Some(reg),
-            });
+            if let Some(h) = HeldBytes::in_user_region(bytes.clone(), reg) {
+                return Ok(h);
+            }
         }
         let reg = Arc::new(
             UserRegion::new(&self.inner.pd, bytes.clone())
@@ -169,12 +177,9 @@ impl Pool {
                 cache.bytes -= old.len();
             }
         }
-        Ok(HeldBytes {
-            bytes: bytes.clone(),
-            lkey: reg.lkey(),
-            rkey: reg.rkey(),
-            _reg: Some(reg),
-        })
+        HeldBytes::in_user_region(bytes.clone(), reg).ok_or(VerbsError::Internal(
+            "a registration does not cover its bytes".into(),
+        ))
     }
 
     /// The `BufferPool` handed to users: send buffers in registered memory.
@@ -218,18 +223,6 @@ impl PoolBuf {
         self.region.as_ref().expect("present until drop")
     }
 
-    pub(crate) fn addr(&self) -> usize {
-        self.region().addr()
-    }
-
-    pub(crate) fn lkey(&self) -> u32 {
-        self.region().lkey()
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.region().bytes().len()
-    }
-
     pub(crate) fn as_slice(&self) -> &[u8] {
         self.region().bytes()
     }
@@ -239,6 +232,21 @@ impl PoolBuf {
             .as_mut()
             .expect("present until drop")
             .bytes_mut()
+    }
+}
+
+// SAFETY: the region is registered (local write for every `Access` a `PoolBuf` is made with:
+// receive buffers and exposable buffers) and its heap memory does not move; it is freed only
+// after the `PoolBuf` is gone (returned to the free list, or deregistered then freed).
+unsafe impl LocalMemory for PoolBuf {
+    fn addr(&self) -> usize {
+        self.region().addr()
+    }
+    fn len(&self) -> usize {
+        self.region().bytes().len()
+    }
+    fn lkey(&self) -> u32 {
+        self.region().lkey()
     }
 }
 
@@ -268,7 +276,10 @@ impl Drop for PoolBuf {
         };
         if st.idle_bytes + size <= self.pool.keep_bytes {
             st.idle_bytes += size;
-            st.free.entry(size).or_default().push(region);
+            st.free
+                .entry((size, region.access()))
+                .or_default()
+                .push(region);
         } else {
             st.registry.remove(&region.addr());
             drop(st);

@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use transport_core::{
     Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport,
-    TransportError,
 };
-use transport_verbs::{VerbsConfig, VerbsTransport};
+use transport_verbs::{VerbsConfig, VerbsError, VerbsTransport, WcStatus};
 
 #[test]
 fn qp_forced_to_error_fails_pending_calls_with_a_typed_error() {
@@ -45,15 +44,16 @@ fn qp_forced_to_error_fails_pending_calls_with_a_typed_error() {
             .await
             .expect("the pending receive failed promptly, no hang")
             .expect("task");
-        match r {
-            Err(TransportError::Backend(msg)) => {
-                assert!(msg.contains("error state"), "names the cause: {msg}");
+        let e = r.expect_err("the pending receive failed");
+        match e.backend_error::<VerbsError>() {
+            Some(VerbsError::WorkCompletion { status, .. }) => {
+                assert_eq!(*status, WcStatus::Flushed, "{e}");
                 println!(
-                    "qp_error: pending receive failed after {:?}: {msg}",
+                    "qp_error: pending receive failed after {:?}: {e}",
                     start.elapsed()
                 );
             }
-            other => panic!("expected a typed QP error, got {other:?}"),
+            _ => panic!("expected a typed work completion error, got {e:?}"),
         }
         // Later sends fail too, with the same cause.
         let e = tx

@@ -434,10 +434,12 @@ const VERBS_VARIANT_TESTS: &[(&str, &str)] = &[
     ("bench", "scenarios"),
 ];
 
-/// The verbs test executables, each with the libtest filter to run it with: every test of
-/// `cargo test -p transport-verbs --no-run`, and the `verbs::` cases of [`VERBS_VARIANT_TESTS`].
+/// The verbs test executables, each with the libtest filter to run it with: every integration
+/// test of `cargo test -p transport-verbs --no-run`, and the `verbs::` cases of [`VERBS_VARIANT_TESTS`].
 fn build_verbs_tests() -> Result<Vec<(PathBuf, Option<&'static str>)>, String> {
-    let mut exes: Vec<_> = build_test_exes(&["-p", "transport-verbs"])?
+    // Integration tests only: the library's unit tests (the sans-IO engine, codecs) need no
+    // device and run on the host with the rest of the workspace.
+    let mut exes: Vec<_> = build_test_exes(&["-p", "transport-verbs", "--test", "*"])?
         .into_iter()
         .map(|e| (e, None))
         .collect();
@@ -538,6 +540,9 @@ const MIN_PASSED: &[(&str, u64)] = &[
     ("test:grpc-", 7),
     // bench's middleware-scenario plumbing (typed payloads, many clients, ORB shape).
     ("test:scenarios-", 5),
+    // transport-verbs' hostile-peer cases (lengths, RTS flood, no HELLO, no FIN, stale and
+    // leaked rkeys).
+    ("test:hostile-", 6),
 ];
 
 /// Printed by a verbs test that found no device and did not run (must never happen here).

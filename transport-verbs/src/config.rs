@@ -1,0 +1,182 @@
+//! The transport's settings, and what they make of a connection: its engine's limits and its
+//! capabilities.
+
+use std::time::Duration;
+
+use transport_core::{Capabilities, MAX_HEADER_LEN};
+
+use crate::engine;
+use crate::error::VerbsError;
+use crate::proto;
+
+/// Settings of the verbs transport. Both sides may differ: buffer sizes are exchanged.
+#[derive(Debug, Clone)]
+pub struct VerbsConfig {
+    /// Largest message (header + payload) accepted, in bytes.
+    pub max_message_size: usize,
+    /// Largest payload sent eagerly (SEND into a posted buffer); above it: rendezvous.
+    pub eager_limit: usize,
+    /// Receive buffers posted per connection (the credits granted to the peer).
+    pub recv_depth: usize,
+    /// Send queue depth (work requests in flight, including RDMA READs).
+    pub send_depth: usize,
+    /// Inline data requested from the device (0 disables inline sends).
+    pub inline_size: usize,
+    /// Received eager payloads of at least this size are handed over in place (zero copy);
+    /// smaller ones are copied out so their receive buffer is re-posted at once.
+    pub zero_copy_recv_min: usize,
+    /// Size of one RDMA READ of a rendezvous transfer.
+    pub rendezvous_chunk: usize,
+    /// RDMA READs in flight per connection (sends queued behind them wait for at most this many).
+    pub rendezvous_window: usize,
+    /// Incoming rendezvous transfers (large messages) a peer may have outstanding on one
+    /// connection, announced to it; a peer that sends more breaks the protocol. Bounds the
+    /// READ targets this side allocates for a peer (with `max_rendezvous_in_bytes`).
+    pub max_rendezvous_in: usize,
+    /// Bytes of incoming rendezvous transfers a peer may have outstanding (announced, in whole
+    /// KiB); one transfer up to `max_message_size` is always allowed.
+    pub max_rendezvous_in_bytes: usize,
+    /// Outgoing rendezvous payloads exposed to the peer and not yet acknowledged, at most (the
+    /// peer's announced limit may be lower). The next large send waits (`rendezvous_stalls`).
+    pub max_rendezvous_out: usize,
+    /// Received payload bytes the application may leave untaken before this side stops
+    /// returning credits (and stops reading rendezvous payloads): the peer then waits.
+    /// Received messages are also limited to `4 × recv_depth`.
+    pub receive_backlog_bytes: usize,
+    /// Time the peer has to send its HELLO after the connection is established.
+    pub handshake_timeout: Duration,
+    /// Time the peer has to acknowledge (FIN) an outstanding rendezvous payload, counted from
+    /// its last FIN: a peer that stops acknowledging fails the connection instead of pinning
+    /// the payloads forever.
+    pub rendezvous_timeout: Duration,
+    /// Bytes of user memory kept registered by the registration cache.
+    pub registration_cache_bytes: usize,
+    /// Bytes of idle registered buffers the pool keeps for reuse.
+    pub pool_keep_bytes: usize,
+    /// Spin on the completion queue instead of sleeping on the completion channel.
+    pub busy_poll: bool,
+    /// Time limit of each connection-setup step.
+    pub connect_timeout: Duration,
+    /// How long a dropped connection waits, without any completion, for outstanding work (the
+    /// peer still reading a rendezvous payload) before disconnecting. Every completion restarts
+    /// the wait; a peer that disconnects or fails ends it at once.
+    pub linger: Duration,
+    /// Listen backlog.
+    pub backlog: i32,
+}
+
+impl Default for VerbsConfig {
+    fn default() -> Self {
+        VerbsConfig {
+            max_message_size: 64 << 20,
+            eager_limit: 64 << 10,
+            recv_depth: 64,
+            send_depth: 128,
+            inline_size: 128,
+            zero_copy_recv_min: 4096,
+            rendezvous_chunk: 1 << 20,
+            rendezvous_window: 4,
+            max_rendezvous_in: 16,
+            max_rendezvous_in_bytes: 64 << 20,
+            max_rendezvous_out: 16,
+            receive_backlog_bytes: 64 << 20,
+            handshake_timeout: Duration::from_secs(10),
+            rendezvous_timeout: Duration::from_secs(30),
+            registration_cache_bytes: 256 << 20,
+            pool_keep_bytes: 64 << 20,
+            busy_poll: false,
+            connect_timeout: Duration::from_secs(5),
+            linger: Duration::from_secs(10),
+            backlog: 128,
+        }
+    }
+}
+
+impl VerbsConfig {
+    /// The defaults with another max message size.
+    pub fn with_max_message_size(max: usize) -> VerbsConfig {
+        VerbsConfig {
+            max_message_size: max,
+            ..VerbsConfig::default()
+        }
+    }
+
+    /// Size of each posted receive buffer: transport header + largest message header +
+    /// `eager_limit`.
+    pub fn recv_buf_size(&self) -> usize {
+        proto::TH_LEN + MAX_HEADER_LEN + self.eager_limit
+    }
+
+    /// Checks the settings against what the protocol accepts ([`VerbsError::Config`]).
+    pub fn validate(&self) -> Result<(), VerbsError> {
+        let depth = engine::MIN_DEPTH as usize..=engine::MAX_DEPTH as usize;
+        if !depth.contains(&self.recv_depth) {
+            return Err(VerbsError::Config("recv_depth must be within 4..=16384"));
+        }
+        if self.send_depth < 8 {
+            return Err(VerbsError::Config("send_depth must be at least 8"));
+        }
+        if self.rendezvous_chunk == 0 || self.rendezvous_window == 0 {
+            return Err(VerbsError::Config(
+                "rendezvous_chunk and rendezvous_window must be above 0",
+            ));
+        }
+        let buf = self.recv_buf_size() as u64;
+        if !(engine::MIN_PEER_BUF..=engine::MAX_PEER_BUF).contains(&buf) {
+            return Err(VerbsError::Config(
+                "eager_limit must make receive buffers of 4 KiB to 1 GiB (eager_limit >= 4000)",
+            ));
+        }
+        if self.max_rendezvous_in == 0 || self.max_rendezvous_in > engine::MAX_RNDV_COUNT as usize {
+            return Err(VerbsError::Config(
+                "max_rendezvous_in must be within 1..=4096",
+            ));
+        }
+        if self.max_rendezvous_in_bytes < 1024 || self.max_rendezvous_out == 0 {
+            return Err(VerbsError::Config(
+                "max_rendezvous_in_bytes must be at least 1 KiB, max_rendezvous_out at least 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl VerbsConfig {
+    /// The engine's settings for this configuration.
+    pub(crate) fn engine_config(&self) -> engine::EngineConfig {
+        engine::EngineConfig {
+            recv_depth: self.recv_depth as u32,
+            recv_buf_size: self.recv_buf_size(),
+            max_message_size: self.max_message_size,
+            zero_copy_recv_min: self.zero_copy_recv_min,
+            rendezvous_chunk: self.rendezvous_chunk,
+            rendezvous_window: self.rendezvous_window,
+            max_rendezvous_in: self.max_rendezvous_in as u32,
+            max_rendezvous_in_bytes: self.max_rendezvous_in_bytes as u64,
+            max_rendezvous_out: self.max_rendezvous_out as u32,
+            backlog_max: 4 * self.recv_depth,
+            backlog_bytes: self.receive_backlog_bytes as u64,
+            handshake_timeout: self.handshake_timeout,
+            rendezvous_timeout: self.rendezvous_timeout,
+            linger: self.linger,
+        }
+    }
+
+    /// What a connection with these settings can do.
+    pub(crate) fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            name: "verbs",
+            max_message_size: self.max_message_size,
+            max_header_len: MAX_HEADER_LEN,
+            inline_size: self.inline_size.saturating_sub(proto::TH_LEN),
+            rdma_read: true,
+            // The device can, but nothing here posts RDMA WRITE (and no memory accepts one).
+            rdma_write: false,
+            zero_copy_send: true,
+            zero_copy_recv: true,
+            registered_buffers: true,
+            event_fd: !self.busy_poll,
+            reliable_ordered: true,
+        }
+    }
+}

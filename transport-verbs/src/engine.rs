@@ -1,0 +1,982 @@
+//! The verbs protocol of one connection as a plain state machine (sans-IO, after quinn-proto).
+//!
+//! The engine knows nothing of queue pairs, memory registration or tokio. The glue
+//! (`conn.rs`) feeds it what happened, and asks it what to do:
+//!
+//! - inputs: [`Engine::send`] / [`Engine::close`] (the application), [`Engine::on_recv`] (a
+//!   received message), [`Engine::on_read_done`] (an RDMA READ finished),
+//!   [`Engine::on_activity`] (any other completion), [`Engine::set_backlog`] (what the
+//!   application has not taken yet), [`Engine::handle_timeout`] (time passed);
+//! - outputs: [`Engine::poll_work`] (work requests to post: control messages, eager messages,
+//!   RTS, memory-window invalidations, RDMA READs), [`Engine::poll_delivery`] (messages for the
+//!   application, in order), [`Engine::poll_timeout`] (when to call back).
+//!
+//! It owns the rules: credits, eager and rendezvous, reassembly, close and linger,
+//! backpressure. Every number a peer sends is checked against the connection's state and
+//! limits before it changes anything; a violation is a [`ProtocolViolation`] that fails the
+//! connection, never a panic, a wrap or unbounded work.
+//!
+//! ## Credits
+//!
+//! Each side posts `recv_depth` receive buffers before connecting and starts with one credit,
+//! spent on its HELLO. A SEND consumes one of the peer's buffers, so it needs a credit; every
+//! message carries the credits for the buffers re-posted since the last grant. Data (EAGER,
+//! RTS, FIN) needs two credits, so the last one is always left for a CREDIT or CLOSE: the two
+//! sides cannot deadlock on credits. The engine also counts the credits the peer holds: a
+//! message that arrives without one, or a grant beyond the peer's announced queue, is a
+//! violation.
+//!
+//! ## Bounds on what a peer can make this side hold
+//!
+//! - Rendezvous in: at most `max_rendezvous_in` transfers and `max_rendezvous_in_bytes` bytes
+//!   outstanding (announced in HELLO; one transfer of any size up to the message limit is
+//!   always allowed); a rendezvous target is allocated only when its first READ is posted, and
+//!   READs are posted only while the application keeps up.
+//! - Received messages the application has not taken (delivered or waiting behind a
+//!   rendezvous): above `backlog_max` messages or `backlog_bytes` bytes the credits of re-posted
+//!   buffers are withheld, so the peer runs out of credits and waits.
+//! - Rendezvous out: at most `min(max_rendezvous_out, peer's limit)` payloads exposed and not
+//!   yet acknowledged by FIN; the next one waits (a `rendezvous_stall`), and no FIN for
+//!   `rendezvous_timeout` fails the connection.
+//! - A peer that never sends HELLO fails the connection after `handshake_timeout`.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use transport_core::{HeaderBytes, Message, Metrics};
+
+use crate::error::{ProtocolViolation, VerbsError};
+use crate::proto::{Kind, Th, TH_LEN, VERSION};
+
+/// Smallest receive buffer a peer may announce: smaller ones would push every message into
+/// rendezvous (a round trip and a READ each).
+pub(crate) const MIN_PEER_BUF: u64 = 4096;
+/// Largest receive buffer size a peer may announce.
+pub(crate) const MAX_PEER_BUF: u64 = 1 << 30;
+/// Receive queue depths a peer may announce.
+pub(crate) const MIN_DEPTH: u32 = 4;
+/// See [`MIN_DEPTH`].
+pub(crate) const MAX_DEPTH: u32 = 16_384;
+/// Largest number of outstanding rendezvous transfers a peer may announce.
+pub(crate) const MAX_RNDV_COUNT: u32 = 4096;
+/// Most work requests one [`Work`] item posts (an RTS: window bind + SEND).
+pub(crate) const MAX_WRS_PER_WORK: usize = 2;
+
+/// The engine's settings (from [`crate::VerbsConfig`]).
+#[derive(Debug, Clone)]
+pub(crate) struct EngineConfig {
+    /// Receive buffers posted (credits granted to the peer in total).
+    pub(crate) recv_depth: u32,
+    /// Size of each posted receive buffer (announced in HELLO).
+    pub(crate) recv_buf_size: usize,
+    /// Largest message (header + payload) accepted.
+    pub(crate) max_message_size: usize,
+    /// Eager payloads of at least this size are handed over in their receive buffer.
+    pub(crate) zero_copy_recv_min: usize,
+    /// Bytes per RDMA READ.
+    pub(crate) rendezvous_chunk: usize,
+    /// RDMA READs in flight.
+    pub(crate) rendezvous_window: usize,
+    /// Incoming rendezvous transfers accepted outstanding (announced).
+    pub(crate) max_rendezvous_in: u32,
+    /// Incoming rendezvous bytes accepted outstanding (announced, in whole KiB).
+    pub(crate) max_rendezvous_in_bytes: u64,
+    /// Outgoing rendezvous payloads exposed and not acknowledged, at most.
+    pub(crate) max_rendezvous_out: u32,
+    /// Received messages not taken by the application before credits are withheld.
+    pub(crate) backlog_max: usize,
+    /// Received bytes not taken by the application before credits are withheld.
+    pub(crate) backlog_bytes: u64,
+    /// Time the peer has to send its HELLO.
+    pub(crate) handshake_timeout: Duration,
+    /// Time the peer has to acknowledge (FIN) an outstanding rendezvous, counted from the
+    /// last FIN or from the first RTS after none was outstanding.
+    pub(crate) rendezvous_timeout: Duration,
+    /// How long a connection whose halves are both gone waits without any progress.
+    pub(crate) linger: Duration,
+}
+
+impl EngineConfig {
+    fn announced_rndv_kib(&self) -> u32 {
+        (self.max_rendezvous_in_bytes / 1024).clamp(1, u32::MAX as u64) as u32
+    }
+}
+
+/// A received message as the glue hands it over: its bytes, and the way to keep them as a
+/// payload without copying.
+pub(crate) trait RecvBuf: Sized {
+    /// The bytes received (exactly the message).
+    fn bytes(&self) -> &[u8];
+    /// The buffer itself as a payload covering `range` of [`RecvBuf::bytes`].
+    fn into_payload(self, range: Range<usize>) -> Bytes;
+}
+
+/// A message queued for sending. `payload` is the glue's owner of the payload bytes.
+pub(crate) struct OutMsg<P> {
+    pub(crate) header: HeaderBytes,
+    pub(crate) len: usize,
+    pub(crate) payload: P,
+}
+
+/// One RDMA READ of a rendezvous payload: `len` bytes at `remote_addr`/`rkey` into the
+/// transfer's target at `offset`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ReadChunk {
+    pub(crate) tag: u64,
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+    pub(crate) remote_addr: u64,
+    pub(crate) rkey: u32,
+    /// Set on the first READ of a transfer: allocate its target (this many bytes) now.
+    pub(crate) alloc: Option<usize>,
+}
+
+/// A work request (or two) to post, in this order.
+pub(crate) enum Work<P> {
+    /// SEND a control message (HELLO, FIN, CREDIT, CLOSE): the transport header alone.
+    Control(Th),
+    /// SEND a whole message: transport header, message header, payload.
+    Eager {
+        th: Th,
+        header: HeaderBytes,
+        payload: P,
+    },
+    /// Expose `payload` to the peer for reading (fill `th.addr` and `th.rkey`) and SEND the
+    /// RTS. The exposure lasts until [`Work::Unexpose`] with `th.id`.
+    Rts {
+        th: Th,
+        header: HeaderBytes,
+        payload: P,
+    },
+    /// The peer acknowledged rendezvous `id`: revoke its access, then release the payload.
+    Unexpose { id: u32 },
+    /// RDMA READ.
+    Read(ReadChunk),
+}
+
+/// Something for the application, in the order the peer sent it.
+#[derive(Debug)]
+pub(crate) enum Delivery {
+    Msg(Message),
+    /// A rendezvous payload, complete in the target of `tag` (the glue holds the target).
+    Rendezvous {
+        tag: u64,
+        header: HeaderBytes,
+        len: usize,
+    },
+    /// A message above the size limit, refused without reading its payload.
+    TooLarge {
+        len: u64,
+        max: u64,
+        header: HeaderBytes,
+    },
+    /// The peer closed its sending direction.
+    End,
+}
+
+impl Delivery {
+    fn bytes(&self) -> u64 {
+        match self {
+            Delivery::Msg(m) => m.payload.len() as u64,
+            Delivery::Rendezvous { len, .. } => *len as u64,
+            Delivery::TooLarge { .. } | Delivery::End => 0,
+        }
+    }
+}
+
+/// What the peer announced in its HELLO.
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    buf_size: u64,
+    depth: u32,
+    rndv_count: u32,
+    rndv_bytes: u64,
+}
+
+enum Out<P> {
+    Msg(OutMsg<P>),
+    Close,
+}
+
+enum Inbound {
+    Ready(Delivery),
+    Reading(u64),
+}
+
+/// An incoming rendezvous transfer.
+struct Xfer {
+    id: u32,
+    header: HeaderBytes,
+    len: usize,
+    addr: u64,
+    rkey: u32,
+    /// Bytes for which a READ has been emitted.
+    posted: usize,
+    /// Bytes whose READ completed.
+    received: usize,
+    /// Whether its target has been allocated (first READ emitted).
+    allocated: bool,
+}
+
+/// The protocol state of one connection.
+pub(crate) struct Engine<P> {
+    cfg: EngineConfig,
+    metrics: Arc<Metrics>,
+    failed: bool,
+
+    // Handshake.
+    hello_sent: bool,
+    peer: Option<Peer>,
+    hello_deadline: Instant,
+
+    // Credits.
+    /// Credits we hold: sends we may make into the peer's buffers.
+    credits: u32,
+    /// Credits the peer holds: granted by us (or implicit), not yet used.
+    peer_credits: u32,
+    /// Buffers re-posted and not yet granted.
+    owed: u32,
+    /// Buffers re-posted whose credit is held back while the application is behind.
+    withheld: u32,
+    /// Messages / bytes handed to the application and not taken yet (set by the glue).
+    backlog: usize,
+    backlog_bytes: u64,
+    credit_stalled: bool,
+    rndv_stalled: bool,
+
+    // Sending.
+    outq: VecDeque<Out<P>>,
+    fins: VecDeque<u32>,
+    unexpose: VecDeque<u32>,
+    /// Our rendezvous payloads exposed to the peer, by id: their lengths.
+    rndv_out: HashMap<u32, u64>,
+    rndv_out_bytes: u64,
+    next_rndv: u32,
+    rndv_deadline: Option<Instant>,
+    close_sent: bool,
+
+    // Receiving.
+    peer_closed: bool,
+    receiver_gone: bool,
+    inbound: VecDeque<Inbound>,
+    /// Bytes of the ready deliveries in `inbound`.
+    inbound_bytes: u64,
+    xfers: HashMap<u64, Xfer>,
+    /// Rendezvous ids of the transfers in `xfers`.
+    xfer_ids: HashSet<u32>,
+    /// Transfers with READs left to post, in arrival order.
+    read_queue: VecDeque<u64>,
+    reads_in_flight: usize,
+    /// Admitted incoming transfers whose READs have not all completed, and their bytes.
+    rndv_in: u32,
+    rndv_in_bytes: u64,
+    /// Bytes of targets allocated for transfers not yet delivered.
+    target_bytes: u64,
+    next_tag: u64,
+
+    // Teardown.
+    linger_deadline: Option<Instant>,
+    linger_expired: bool,
+}
+
+impl<P> Engine<P> {
+    /// A new connection's engine, created when its receive buffers are posted and the queue
+    /// pair is connected (`now`).
+    pub(crate) fn new(cfg: EngineConfig, metrics: Arc<Metrics>, now: Instant) -> Engine<P> {
+        let owed = cfg.recv_depth.saturating_sub(1);
+        Engine {
+            hello_deadline: now + cfg.handshake_timeout,
+            cfg,
+            metrics,
+            failed: false,
+            hello_sent: false,
+            peer: None,
+            credits: 1,
+            peer_credits: 1,
+            owed,
+            withheld: 0,
+            backlog: 0,
+            backlog_bytes: 0,
+            credit_stalled: false,
+            rndv_stalled: false,
+            outq: VecDeque::new(),
+            fins: VecDeque::new(),
+            unexpose: VecDeque::new(),
+            rndv_out: HashMap::new(),
+            rndv_out_bytes: 0,
+            next_rndv: 0,
+            rndv_deadline: None,
+            close_sent: false,
+            peer_closed: false,
+            receiver_gone: false,
+            inbound: VecDeque::new(),
+            inbound_bytes: 0,
+            xfers: HashMap::new(),
+            xfer_ids: HashSet::new(),
+            read_queue: VecDeque::new(),
+            reads_in_flight: 0,
+            rndv_in: 0,
+            rndv_in_bytes: 0,
+            target_bytes: 0,
+            next_tag: 0,
+            linger_deadline: None,
+            linger_expired: false,
+        }
+    }
+
+    // ---- Inputs --------------------------------------------------------------------------
+
+    /// Queues a message (its size was checked against the limit by the caller).
+    pub(crate) fn send(&mut self, msg: OutMsg<P>) {
+        self.outq.push_back(Out::Msg(msg));
+    }
+
+    /// Queues the end of the sending direction (after everything queued before).
+    pub(crate) fn close(&mut self) {
+        if !self.close_sent && !self.outq.iter().any(|o| matches!(o, Out::Close)) {
+            self.outq.push_back(Out::Close);
+        }
+    }
+
+    /// Messages queued and not yet posted.
+    pub(crate) fn queued(&self) -> usize {
+        self.outq.len()
+    }
+
+    /// The application's receiving half is gone: nothing is delivered any more, incoming
+    /// rendezvous payloads are acknowledged without being read.
+    pub(crate) fn receiver_gone(&mut self) {
+        self.receiver_gone = true;
+        self.backlog = 0;
+        self.backlog_bytes = 0;
+        // Transfers not started are not worth reading now; those with READs in flight finish.
+        let queued: Vec<u64> = self.read_queue.drain(..).collect();
+        for tag in queued {
+            let started = self.xfers.get(&tag).is_some_and(|x| x.posted > 0);
+            if started {
+                self.read_queue.push_back(tag);
+            } else if let Some(x) = self.xfers.remove(&tag) {
+                self.xfer_ids.remove(&x.id);
+                self.rndv_in -= 1;
+                self.rndv_in_bytes -= x.len as u64;
+                self.fins.push_back(x.id);
+            }
+        }
+        self.inbound.clear();
+        self.inbound_bytes = 0;
+        self.release_withheld();
+    }
+
+    /// Both halves are gone: close the sending direction, finish what is outstanding, and
+    /// give up after `linger` without progress.
+    pub(crate) fn local_gone(&mut self, now: Instant) {
+        self.close();
+        if !self.receiver_gone {
+            self.receiver_gone();
+        }
+        if self.linger_deadline.is_none() {
+            self.linger_deadline = Some(now + self.cfg.linger);
+        }
+    }
+
+    /// Messages and bytes delivered to the application and not taken yet.
+    pub(crate) fn set_backlog(&mut self, messages: usize, bytes: u64) {
+        if self.receiver_gone {
+            return;
+        }
+        self.backlog = messages;
+        self.backlog_bytes = bytes;
+        if !self.behind() {
+            self.release_withheld();
+        }
+    }
+
+    /// A completion other than a receive or a READ (a send finished): progress for linger.
+    pub(crate) fn on_activity(&mut self, now: Instant) {
+        if let Some(d) = self.linger_deadline.as_mut() {
+            *d = now + self.cfg.linger;
+        }
+    }
+
+    /// A message arrived in a posted receive buffer. Returns the buffer to re-post, or `None`
+    /// when its payload was handed over (post a fresh buffer in its place). Either way the
+    /// buffer's credit is accounted for: the glue must post one buffer per call.
+    pub(crate) fn on_recv<B: RecvBuf>(
+        &mut self,
+        now: Instant,
+        buf: B,
+    ) -> Result<Option<B>, VerbsError> {
+        if self.failed {
+            return Err(ProtocolViolation::AfterClose { kind: "any" }.into());
+        }
+        self.on_activity(now);
+        match self.recv_inner(now, buf) {
+            Ok(b) => Ok(b),
+            Err(v) => {
+                self.failed = true;
+                Err(v.into())
+            }
+        }
+    }
+
+    fn recv_inner<B: RecvBuf>(
+        &mut self,
+        now: Instant,
+        buf: B,
+    ) -> Result<Option<B>, ProtocolViolation> {
+        let data_len = buf.bytes().len();
+        let (th, header, off) = Th::decode(buf.bytes())?;
+        if self.peer_credits == 0 {
+            return Err(ProtocolViolation::NoCredit);
+        }
+        let peer = match (self.peer, th.kind) {
+            (None, Kind::Hello) => self.check_hello(&th)?,
+            (None, k) => return Err(ProtocolViolation::BeforeHello { kind: k.name() }),
+            (Some(_), Kind::Hello) => return Err(ProtocolViolation::DuplicateHello),
+            (Some(p), _) => p,
+        };
+        let credits = self
+            .credits
+            .checked_add(th.credits as u32)
+            .filter(|&c| c <= peer.depth)
+            .ok_or(ProtocolViolation::CreditOverflow {
+                held: self.credits,
+                granted: th.credits,
+                depth: peer.depth,
+            })?;
+        if self.peer_closed && matches!(th.kind, Kind::Eager | Kind::Rts | Kind::Close) {
+            return Err(ProtocolViolation::AfterClose {
+                kind: th.kind.name(),
+            });
+        }
+        // Kind-specific checks, before any state changes.
+        let max = self.cfg.max_message_size as u64;
+        let rts_total = (header.len() as u64).saturating_add(th.len);
+        match th.kind {
+            Kind::Rts if rts_total <= max => {
+                if th.len == 0 {
+                    return Err(ProtocolViolation::EmptyRendezvous);
+                }
+                if th.addr.checked_add(th.len).is_none() {
+                    return Err(ProtocolViolation::AddressWraps {
+                        addr: th.addr,
+                        len: th.len,
+                    });
+                }
+                if self.xfer_ids.contains(&th.id) {
+                    return Err(ProtocolViolation::DuplicateRendezvous(th.id));
+                }
+                let max_bytes = self.cfg.announced_rndv_kib() as u64 * 1024;
+                let fits = self.rndv_in == 0
+                    || (self.rndv_in < self.cfg.max_rendezvous_in
+                        && self.rndv_in_bytes.saturating_add(th.len) <= max_bytes);
+                if !fits {
+                    return Err(ProtocolViolation::RendezvousLimit {
+                        len: th.len,
+                        outstanding: self.rndv_in,
+                        bytes: self.rndv_in_bytes,
+                        max_count: self.cfg.max_rendezvous_in,
+                        max_bytes,
+                    });
+                }
+            }
+            Kind::Fin if !self.rndv_out.contains_key(&th.id) => {
+                return Err(ProtocolViolation::UnknownFin(th.id));
+            }
+            _ => {}
+        }
+
+        // Valid: apply.
+        self.peer_credits -= 1;
+        self.credits = credits;
+        self.metrics.bytes_received.add(off as u64);
+        if th.kind == Kind::Hello {
+            self.peer = Some(peer);
+        }
+        let mut keep = Some(buf);
+        match th.kind {
+            Kind::Hello | Kind::Credit => {}
+            Kind::Eager => {
+                let plen = th.len as usize;
+                self.metrics.bytes_received.add(plen as u64);
+                let total = header.len() as u64 + plen as u64;
+                if self.receiver_gone {
+                    // Nobody to deliver to.
+                } else if total > max {
+                    self.push_ready(Delivery::TooLarge {
+                        len: total,
+                        max,
+                        header,
+                    });
+                } else if plen >= self.cfg.zero_copy_recv_min {
+                    let b = keep.take().expect("buffer present");
+                    let payload = b.into_payload(off..off + plen);
+                    self.push_ready(Delivery::Msg(Message::new(header, payload)));
+                } else {
+                    let b = keep.as_ref().expect("buffer present");
+                    let payload = Bytes::copy_from_slice(&b.bytes()[off..off + plen]);
+                    self.metrics.payload_bytes_copied.add(plen as u64);
+                    self.push_ready(Delivery::Msg(Message::new(header, payload)));
+                }
+                debug_assert!(off + plen == data_len);
+            }
+            Kind::Rts => {
+                if rts_total > max || self.receiver_gone {
+                    // Refused without reading: FIN at once (the sender releases its payload).
+                    if !self.receiver_gone {
+                        self.push_ready(Delivery::TooLarge {
+                            len: rts_total,
+                            max,
+                            header,
+                        });
+                    }
+                    self.fins.push_back(th.id);
+                } else {
+                    let tag = self.next_tag;
+                    self.next_tag += 1;
+                    let len = th.len as usize;
+                    self.xfers.insert(
+                        tag,
+                        Xfer {
+                            id: th.id,
+                            header,
+                            len,
+                            addr: th.addr,
+                            rkey: th.rkey,
+                            posted: 0,
+                            received: 0,
+                            allocated: false,
+                        },
+                    );
+                    self.xfer_ids.insert(th.id);
+                    self.rndv_in += 1;
+                    self.rndv_in_bytes += th.len;
+                    self.read_queue.push_back(tag);
+                    self.inbound.push_back(Inbound::Reading(tag));
+                }
+            }
+            Kind::Fin => {
+                let len = self.rndv_out.remove(&th.id).expect("checked above");
+                self.rndv_out_bytes -= len;
+                self.unexpose.push_back(th.id);
+                self.rndv_deadline = if self.rndv_out.is_empty() {
+                    None
+                } else {
+                    Some(now + self.cfg.rendezvous_timeout)
+                };
+            }
+            Kind::Close => {
+                self.peer_closed = true;
+                if !self.receiver_gone {
+                    self.inbound.push_back(Inbound::Ready(Delivery::End));
+                }
+            }
+        }
+        // The buffer goes back to the receive queue (or a fresh one in its place).
+        if self.behind() {
+            self.withheld += 1;
+        } else {
+            self.owed += 1;
+        }
+        Ok(keep)
+    }
+
+    fn check_hello(&self, th: &Th) -> Result<Peer, ProtocolViolation> {
+        if th.addr != VERSION {
+            return Err(ProtocolViolation::Version {
+                got: th.addr,
+                want: VERSION,
+            });
+        }
+        if !(MIN_PEER_BUF..=MAX_PEER_BUF).contains(&th.len) {
+            return Err(ProtocolViolation::PeerBufferSize {
+                size: th.len,
+                min: MIN_PEER_BUF,
+                max: MAX_PEER_BUF,
+            });
+        }
+        if !(MIN_DEPTH..=MAX_DEPTH).contains(&th.id) {
+            return Err(ProtocolViolation::PeerDepth {
+                depth: th.id,
+                min: MIN_DEPTH,
+                max: MAX_DEPTH,
+            });
+        }
+        if !(1..=MAX_RNDV_COUNT).contains(&th.rkey) || th.aux == 0 {
+            return Err(ProtocolViolation::PeerRendezvousLimits {
+                count: th.rkey,
+                kib: th.aux,
+                max_count: MAX_RNDV_COUNT,
+            });
+        }
+        Ok(Peer {
+            buf_size: th.len,
+            depth: th.id,
+            rndv_count: th.rkey,
+            rndv_bytes: th.aux as u64 * 1024,
+        })
+    }
+
+    /// An RDMA READ emitted by [`Engine::poll_work`] completed successfully.
+    pub(crate) fn on_read_done(&mut self, now: Instant, tag: u64, len: usize) {
+        self.on_activity(now);
+        self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
+        self.metrics.bytes_received.add(len as u64);
+        let Some(x) = self.xfers.get_mut(&tag) else {
+            return; // cannot happen: a READ is emitted only for a live transfer
+        };
+        x.received += len;
+        if x.received < x.len {
+            return;
+        }
+        let x = self.xfers.remove(&tag).expect("present");
+        self.xfer_ids.remove(&x.id);
+        self.rndv_in -= 1;
+        self.rndv_in_bytes -= x.len as u64;
+        self.target_bytes -= x.len as u64;
+        self.fins.push_front(x.id);
+        let delivery = Delivery::Rendezvous {
+            tag,
+            header: x.header,
+            len: x.len,
+        };
+        if self.receiver_gone {
+            return;
+        }
+        if let Some(slot) = self
+            .inbound
+            .iter_mut()
+            .find(|i| matches!(i, Inbound::Reading(t) if *t == tag))
+        {
+            self.inbound_bytes += delivery.bytes();
+            *slot = Inbound::Ready(delivery);
+        }
+    }
+
+    /// Time passed: fails the connection when the peer missed a deadline.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) -> Result<(), VerbsError> {
+        if self.failed {
+            return Ok(());
+        }
+        if self.peer.is_none() && now >= self.hello_deadline {
+            self.failed = true;
+            return Err(VerbsError::Timeout {
+                what: "no HELLO from the RDMA peer",
+                after: self.cfg.handshake_timeout,
+            });
+        }
+        if self.rndv_deadline.is_some_and(|d| now >= d) {
+            self.failed = true;
+            return Err(VerbsError::Timeout {
+                what: "no FIN from the RDMA peer for an outstanding rendezvous",
+                after: self.cfg.rendezvous_timeout,
+            });
+        }
+        if self.linger_deadline.is_some_and(|d| now >= d) {
+            self.linger_expired = true;
+        }
+        Ok(())
+    }
+
+    // ---- Outputs -------------------------------------------------------------------------
+
+    /// The next work request to post, if credits, limits and the send queue allow. Call only
+    /// with room for [`MAX_WRS_PER_WORK`] work requests.
+    pub(crate) fn poll_work(&mut self, now: Instant) -> Option<Work<P>> {
+        if self.failed {
+            return None;
+        }
+        if let Some(id) = self.unexpose.pop_front() {
+            return Some(Work::Unexpose { id });
+        }
+        if let Some(r) = self.next_read() {
+            return Some(Work::Read(r));
+        }
+        if !self.hello_sent {
+            if self.credits < 1 {
+                return None;
+            }
+            let mut th = Th::new(Kind::Hello);
+            th.id = self.cfg.recv_depth;
+            th.len = self.cfg.recv_buf_size as u64;
+            th.addr = VERSION;
+            th.rkey = self.cfg.max_rendezvous_in;
+            th.aux = self.cfg.announced_rndv_kib();
+            self.hello_sent = true;
+            return Some(self.control(th));
+        }
+        let peer = self.peer?;
+        if let Some(&id) = self.fins.front() {
+            if self.credits >= 2 {
+                self.fins.pop_front();
+                let mut th = Th::new(Kind::Fin);
+                th.id = id;
+                return Some(self.control(th));
+            }
+            self.note_credit_stall();
+        } else if let Some(w) = self.next_out(now, peer) {
+            return Some(w);
+        }
+        // Grant credits on their own when enough are owed and nothing carried them.
+        // At least 2: a CREDIT costs the peer one buffer, which must not trigger a CREDIT back.
+        let threshold = (self.cfg.recv_depth / 4).max(2);
+        if self.owed >= threshold && self.credits >= 1 {
+            return Some(self.control(Th::new(Kind::Credit)));
+        }
+        None
+    }
+
+    fn next_out(&mut self, now: Instant, peer: Peer) -> Option<Work<P>> {
+        let need = match self.outq.front()? {
+            Out::Close => 1,
+            Out::Msg(_) => 2,
+        };
+        if self.credits < need {
+            self.note_credit_stall();
+            return None;
+        }
+        let rendezvous = match self.outq.front()? {
+            Out::Msg(m) => (TH_LEN + m.header.len() + m.len) as u64 > peer.buf_size,
+            Out::Close => false,
+        };
+        if rendezvous {
+            let Some(Out::Msg(m)) = self.outq.front() else {
+                unreachable!("checked above")
+            };
+            let cap = self.cfg.max_rendezvous_out.min(peer.rndv_count) as usize;
+            let len = m.len as u64;
+            let fits = self.rndv_out.is_empty()
+                || (self.rndv_out.len() < cap
+                    && self.rndv_out_bytes.saturating_add(len) <= peer.rndv_bytes);
+            if !fits {
+                if !self.rndv_stalled {
+                    self.metrics.rendezvous_stalls.incr();
+                    self.rndv_stalled = true;
+                }
+                return None;
+            }
+            self.rndv_stalled = false;
+        }
+        self.credit_stalled = false;
+        match self.outq.pop_front()? {
+            Out::Close => {
+                self.close_sent = true;
+                Some(self.control(Th::new(Kind::Close)))
+            }
+            Out::Msg(m) => {
+                let mut th = Th::new(if rendezvous { Kind::Rts } else { Kind::Eager });
+                th.credits = self.take_owed();
+                th.len = m.len as u64;
+                self.credits -= 1;
+                self.metrics
+                    .bytes_sent
+                    .add((TH_LEN + m.header.len() + m.len) as u64);
+                if rendezvous {
+                    let mut id = self.next_rndv;
+                    while self.rndv_out.contains_key(&id) {
+                        id = id.wrapping_add(1);
+                    }
+                    self.next_rndv = id.wrapping_add(1);
+                    th.id = id;
+                    if self.rndv_out.is_empty() {
+                        self.rndv_deadline = Some(now + self.cfg.rendezvous_timeout);
+                    }
+                    self.rndv_out.insert(id, m.len as u64);
+                    self.rndv_out_bytes += m.len as u64;
+                    Some(Work::Rts {
+                        th,
+                        header: m.header,
+                        payload: m.payload,
+                    })
+                } else {
+                    Some(Work::Eager {
+                        th,
+                        header: m.header,
+                        payload: m.payload,
+                    })
+                }
+            }
+        }
+    }
+
+    fn note_credit_stall(&mut self) {
+        if !self.credit_stalled {
+            self.metrics.credit_stalls.incr();
+            self.credit_stalled = true;
+        }
+    }
+
+    /// A control message carrying every owed credit.
+    fn control(&mut self, mut th: Th) -> Work<P> {
+        th.credits = self.take_owed();
+        self.credits -= 1;
+        self.metrics.bytes_sent.add(TH_LEN as u64);
+        Work::Control(th)
+    }
+
+    fn take_owed(&mut self) -> u16 {
+        let n = self.owed.min(u16::MAX as u32);
+        self.owed -= n;
+        self.peer_credits += n;
+        n as u16
+    }
+
+    fn next_read(&mut self) -> Option<ReadChunk> {
+        if self.reads_in_flight >= self.cfg.rendezvous_window.max(1) {
+            return None;
+        }
+        let &tag = self.read_queue.front()?;
+        let x = self.xfers.get(&tag)?;
+        // A transfer not yet started waits while the application is behind: its target would
+        // be one more payload held for it.
+        if !x.allocated && self.app_behind() {
+            return None;
+        }
+        let x = self.xfers.get_mut(&tag)?;
+        let chunk = self.cfg.rendezvous_chunk.max(4096);
+        let offset = x.posted;
+        let len = chunk.min(x.len - offset);
+        let alloc = if x.allocated {
+            None
+        } else {
+            x.allocated = true;
+            self.target_bytes += x.len as u64;
+            Some(x.len)
+        };
+        x.posted += len;
+        let r = ReadChunk {
+            tag,
+            offset,
+            len,
+            // Cannot wrap: addr + len was checked when the RTS arrived.
+            remote_addr: x.addr + offset as u64,
+            rkey: x.rkey,
+            alloc,
+        };
+        if x.posted == x.len {
+            self.read_queue.pop_front();
+        }
+        self.reads_in_flight += 1;
+        Some(r)
+    }
+
+    /// The next delivery for the application, in order.
+    pub(crate) fn poll_delivery(&mut self) -> Option<Delivery> {
+        match self.inbound.front() {
+            Some(Inbound::Ready(_)) => {}
+            _ => return None,
+        }
+        let Some(Inbound::Ready(d)) = self.inbound.pop_front() else {
+            unreachable!("checked above")
+        };
+        self.inbound_bytes -= d.bytes();
+        Some(d)
+    }
+
+    /// When [`Engine::handle_timeout`] must be called next.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        if self.failed {
+            return None;
+        }
+        let hello = self.peer.is_none().then_some(self.hello_deadline);
+        [hello, self.rndv_deadline, self.linger_deadline]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    // ---- State ---------------------------------------------------------------------------
+
+    /// The application is behind: received messages pile up (delivered and not taken, or
+    /// ready behind a rendezvous still being read).
+    fn behind(&self) -> bool {
+        !self.receiver_gone
+            && (self.backlog + self.inbound.len() >= self.cfg.backlog_max
+                || self.backlog_bytes + self.inbound_bytes >= self.cfg.backlog_bytes)
+    }
+
+    /// The application has not taken what was delivered (what waits behind a transfer does
+    /// not count: that transfer must proceed).
+    fn app_behind(&self) -> bool {
+        !self.receiver_gone
+            && (self.backlog >= self.cfg.backlog_max
+                || self.backlog_bytes >= self.cfg.backlog_bytes)
+    }
+
+    fn release_withheld(&mut self) {
+        self.owed += self.withheld;
+        self.withheld = 0;
+    }
+
+    fn push_ready(&mut self, d: Delivery) {
+        self.inbound_bytes += d.bytes();
+        self.inbound.push_back(Inbound::Ready(d));
+    }
+
+    /// Whether the engine waits for the application to take deliveries (credits withheld, or
+    /// a transfer not started): the glue should call [`Engine::set_backlog`] when it does.
+    pub(crate) fn waiting_for_app(&self) -> bool {
+        self.withheld > 0 || (!self.read_queue.is_empty() && self.app_behind())
+    }
+
+    /// Whether the CLOSE went out.
+    pub(crate) fn close_sent(&self) -> bool {
+        self.close_sent
+    }
+
+    /// Whether the peer closed its sending direction.
+    pub(crate) fn peer_closed(&self) -> bool {
+        self.peer_closed
+    }
+
+    /// The transfer being read when the connection ends: (bytes received, bytes expected).
+    pub(crate) fn reading(&self) -> Option<(u64, u64)> {
+        let tag = self.inbound.iter().find_map(|i| match i {
+            Inbound::Reading(t) => Some(*t),
+            Inbound::Ready(_) => None,
+        })?;
+        let x = self.xfers.get(&tag)?;
+        Some((x.received as u64, x.len as u64))
+    }
+
+    /// Nothing left to do: CLOSE sent, no payload exposed, no transfer, nothing queued.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.close_sent
+            && self.outq.is_empty()
+            && self.fins.is_empty()
+            && self.unexpose.is_empty()
+            && self.rndv_out.is_empty()
+            && self.xfers.is_empty()
+            && self.reads_in_flight == 0
+    }
+
+    /// The linger period ran out without progress.
+    pub(crate) fn linger_expired(&self) -> bool {
+        self.linger_expired
+    }
+
+    /// Bytes this side holds because of the peer: allocated rendezvous targets not yet
+    /// delivered, and ready messages waiting in order.
+    #[cfg(test)]
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.target_bytes + self.inbound_bytes
+    }
+
+    /// Incoming transfers outstanding and outgoing payloads exposed.
+    #[cfg(test)]
+    pub(crate) fn rendezvous_counts(&self) -> (u32, usize) {
+        (self.rndv_in, self.rndv_out.len())
+    }
+
+    /// (credits we hold, credits the peer holds, owed, withheld).
+    #[cfg(test)]
+    pub(crate) fn credit_state(&self) -> (u32, u32, u32, u32) {
+        (self.credits, self.peer_credits, self.owed, self.withheld)
+    }
+}
+
+#[cfg(test)]
+mod tests;

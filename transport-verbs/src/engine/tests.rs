@@ -1,0 +1,1015 @@
+//! The engine without a device: one unit test per rule a peer can break, and property tests
+//! that drive it with an honest peer (two engines over a simulated wire: every message arrives
+//! byte-exact and in order) and with a hostile one (arbitrary messages and completions: no
+//! panic, no overflow, held memory within the configured bounds).
+
+use super::*;
+use std::collections::BTreeMap;
+
+/// A receive buffer of the tests: just the bytes.
+struct Buf(Vec<u8>);
+
+impl RecvBuf for Buf {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+    fn into_payload(self, range: Range<usize>) -> Bytes {
+        Bytes::from(self.0).slice(range)
+    }
+}
+
+type E = Engine<Bytes>;
+
+const DEPTH: u32 = 8;
+const BUF: usize = 4096;
+
+fn cfg() -> EngineConfig {
+    EngineConfig {
+        recv_depth: DEPTH,
+        recv_buf_size: BUF,
+        max_message_size: 1 << 20,
+        zero_copy_recv_min: 1024,
+        rendezvous_chunk: 4096,
+        rendezvous_window: 2,
+        max_rendezvous_in: 4,
+        max_rendezvous_in_bytes: 64 << 10,
+        max_rendezvous_out: 4,
+        backlog_max: 32,
+        backlog_bytes: 256 << 10,
+        handshake_timeout: Duration::from_secs(10),
+        rendezvous_timeout: Duration::from_secs(30),
+        linger: Duration::from_secs(10),
+    }
+}
+
+fn encode(th: Th, header: &[u8], payload: &[u8]) -> Buf {
+    let h = HeaderBytes::new(header).expect("header fits");
+    let mut out = vec![0u8; TH_LEN + h.len()];
+    let n = th.encode(&h, &mut out);
+    out.truncate(n);
+    out.extend_from_slice(payload);
+    Buf(out)
+}
+
+fn hello(credits: u16) -> Th {
+    let mut th = Th::new(Kind::Hello);
+    th.credits = credits;
+    th.id = DEPTH;
+    th.len = BUF as u64;
+    th.addr = VERSION;
+    th.rkey = 4;
+    th.aux = 64;
+    th
+}
+
+fn eager(payload: &[u8]) -> Buf {
+    let mut th = Th::new(Kind::Eager);
+    th.len = payload.len() as u64;
+    encode(th, b"h", payload)
+}
+
+fn rts(id: u32, len: u64, addr: u64) -> Buf {
+    let mut th = Th::new(Kind::Rts);
+    th.id = id;
+    th.len = len;
+    th.addr = addr;
+    th.rkey = 77;
+    encode(th, b"r", &[])
+}
+
+fn kind_of(w: &Work<Bytes>) -> &'static str {
+    match w {
+        Work::Control(th) => th.kind.name(),
+        Work::Eager { .. } => "EAGER",
+        Work::Rts { .. } => "RTS",
+        Work::Unexpose { .. } => "UNEXPOSE",
+        Work::Read(_) => "READ",
+    }
+}
+
+fn drain(e: &mut E, now: Instant) -> Vec<Work<Bytes>> {
+    let mut v = Vec::new();
+    while let Some(w) = e.poll_work(now) {
+        v.push(w);
+        assert!(v.len() < 10_000, "poll_work never ends");
+    }
+    v
+}
+
+/// An engine that has sent its HELLO and received the peer's (granting `DEPTH - 1` credits).
+fn connected() -> (E, Instant) {
+    let now = Instant::now();
+    let mut e = E::new(cfg(), Arc::new(Metrics::default()), now);
+    let w = drain(&mut e, now);
+    assert_eq!(w.iter().map(kind_of).collect::<Vec<_>>(), ["HELLO"]);
+    e.on_recv(now, encode(hello(DEPTH as u16 - 1), &[], &[]))
+        .expect("valid HELLO");
+    (e, now)
+}
+
+fn violation(r: Result<Option<Buf>, VerbsError>) -> ProtocolViolation {
+    match r {
+        Err(VerbsError::Protocol(v)) => v,
+        Err(other) => panic!("expected a protocol violation, got {other}"),
+        Ok(_) => panic!("expected a protocol violation, the message was accepted"),
+    }
+}
+
+// ---- One test per rule ------------------------------------------------------------------
+
+#[test]
+fn hello_is_sent_first_and_announces_our_limits() {
+    let now = Instant::now();
+    let mut e = E::new(cfg(), Arc::new(Metrics::default()), now);
+    let Some(Work::Control(th)) = e.poll_work(now) else {
+        panic!("HELLO first")
+    };
+    assert_eq!(th.kind, Kind::Hello);
+    assert_eq!(th.id, DEPTH);
+    assert_eq!(th.len, BUF as u64);
+    assert_eq!(th.addr, VERSION);
+    assert_eq!((th.rkey, th.aux), (4, 64));
+    assert_eq!(th.credits as u32, DEPTH - 1);
+    // Nothing else before the peer's HELLO, even with a message queued.
+    e.send(OutMsg {
+        header: HeaderBytes::EMPTY,
+        len: 3,
+        payload: Bytes::from_static(b"abc"),
+    });
+    assert!(e.poll_work(now).is_none());
+}
+
+#[test]
+fn a_malformed_message_is_a_violation() {
+    let (mut e, now) = connected();
+    assert_eq!(
+        violation(e.on_recv(now, Buf(vec![2; 10]))),
+        ProtocolViolation::ShortMessage { len: 10 }
+    );
+    let (mut e, now) = connected();
+    let mut b = eager(b"xyz");
+    b.0[0] = 42;
+    assert_eq!(
+        violation(e.on_recv(now, b)),
+        ProtocolViolation::UnknownKind(42)
+    );
+    let (mut e, now) = connected();
+    let mut b = eager(b"xyz");
+    b.0[8] = 9; // announces 9 bytes, carries 3
+    assert_eq!(
+        violation(e.on_recv(now, b)),
+        ProtocolViolation::EagerLength {
+            announced: 9,
+            carried: 3
+        }
+    );
+}
+
+#[test]
+fn a_message_before_hello_is_a_violation() {
+    let now = Instant::now();
+    let mut e = E::new(cfg(), Arc::new(Metrics::default()), now);
+    assert_eq!(
+        violation(e.on_recv(now, eager(b"early"))),
+        ProtocolViolation::BeforeHello { kind: "EAGER" }
+    );
+}
+
+#[test]
+fn a_second_hello_is_a_violation() {
+    let (mut e, now) = connected();
+    assert_eq!(
+        violation(e.on_recv(now, encode(hello(0), &[], &[]))),
+        ProtocolViolation::DuplicateHello
+    );
+}
+
+#[test]
+fn hello_fields_are_checked() {
+    let check = |edit: &dyn Fn(&mut Th), want: &dyn Fn(&ProtocolViolation) -> bool| {
+        let now = Instant::now();
+        let mut e = E::new(cfg(), Arc::new(Metrics::default()), now);
+        let mut th = hello(1);
+        edit(&mut th);
+        let v = violation(e.on_recv(now, encode(th, &[], &[])));
+        assert!(want(&v), "{v:?}");
+    };
+    check(&|t| t.addr = 1, &|v| {
+        matches!(v, ProtocolViolation::Version { got: 1, want: 2 })
+    });
+    // A tiny receive buffer would force every message into rendezvous.
+    check(&|t| t.len = 64, &|v| {
+        matches!(v, ProtocolViolation::PeerBufferSize { size: 64, .. })
+    });
+    check(&|t| t.len = u64::MAX, &|v| {
+        matches!(v, ProtocolViolation::PeerBufferSize { .. })
+    });
+    check(&|t| t.id = 2, &|v| {
+        matches!(v, ProtocolViolation::PeerDepth { depth: 2, .. })
+    });
+    check(&|t| t.id = u32::MAX, &|v| {
+        matches!(v, ProtocolViolation::PeerDepth { .. })
+    });
+    check(&|t| t.rkey = 0, &|v| {
+        matches!(v, ProtocolViolation::PeerRendezvousLimits { count: 0, .. })
+    });
+    check(&|t| t.aux = 0, &|v| {
+        matches!(v, ProtocolViolation::PeerRendezvousLimits { kib: 0, .. })
+    });
+    // HELLO granting more than the peer's own depth.
+    check(&|t| t.credits = DEPTH as u16 + 1, &|v| {
+        matches!(v, ProtocolViolation::CreditOverflow { .. })
+    });
+}
+
+#[test]
+fn credits_beyond_the_peers_queue_are_a_violation_not_a_wrap() {
+    let (mut e, now) = connected();
+    // We hold DEPTH - 1 (or DEPTH) credits; one more grant of u16::MAX cannot fit.
+    let mut th = Th::new(Kind::Credit);
+    th.credits = u16::MAX;
+    let v = violation(e.on_recv(now, encode(th, &[], &[])));
+    assert!(
+        matches!(
+            v,
+            ProtocolViolation::CreditOverflow {
+                granted: u16::MAX,
+                depth: DEPTH,
+                ..
+            }
+        ),
+        "{v:?}"
+    );
+    // Nothing was applied: the engine is failed and posts nothing more.
+    assert!(e.poll_work(now).is_none());
+}
+
+#[test]
+fn a_message_without_a_credit_is_a_violation() {
+    let (mut e, now) = connected();
+    // The peer holds DEPTH - 1 credits (our HELLO's grant); nothing we send returns more
+    // here, because nothing is polled in between.
+    for i in 0..DEPTH - 1 {
+        e.on_recv(now, eager(&[i as u8; 8]))
+            .unwrap_or_else(|v| panic!("message {i} had a credit: {v}"));
+    }
+    assert_eq!(
+        violation(e.on_recv(now, eager(b"one too many"))),
+        ProtocolViolation::NoCredit
+    );
+}
+
+#[test]
+fn credits_come_back_and_the_accounting_balances() {
+    let (mut e, now) = connected();
+    for i in 0..DEPTH - 1 {
+        e.on_recv(now, eager(&[i as u8; 8])).expect("had a credit");
+    }
+    // Owed credits go back on their own (a CREDIT), and then the peer may send again.
+    let w = drain(&mut e, now);
+    assert_eq!(w.iter().map(kind_of).collect::<Vec<_>>(), ["CREDIT"]);
+    let (_, peer, owed, withheld) = e.credit_state();
+    assert_eq!(
+        peer + owed + withheld,
+        DEPTH,
+        "every buffer is accounted for"
+    );
+    e.on_recv(now, eager(b"again")).expect("credit returned");
+}
+
+#[test]
+fn a_wrapping_rendezvous_address_is_a_violation() {
+    let (mut e, now) = connected();
+    assert_eq!(
+        violation(e.on_recv(now, rts(1, 8192, u64::MAX - 100))),
+        ProtocolViolation::AddressWraps {
+            addr: u64::MAX - 100,
+            len: 8192
+        }
+    );
+    assert!(drain(&mut e, now).is_empty(), "no READ was queued");
+}
+
+#[test]
+fn a_huge_or_wrapping_rendezvous_length_is_refused_without_reading() {
+    for len in [u64::MAX, u64::MAX - 1, (1 << 20) + 1, 1 << 44] {
+        let (mut e, now) = connected();
+        e.on_recv(now, rts(5, len, 0x1000))
+            .expect("refused, not fatal");
+        match e.poll_delivery() {
+            Some(Delivery::TooLarge { len: l, max, .. }) => {
+                assert_eq!(max, 1 << 20);
+                assert!(l > max, "{l}");
+            }
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+        let w = drain(&mut e, now);
+        let kinds: Vec<_> = w.iter().map(kind_of).collect();
+        assert_eq!(kinds, ["FIN"], "len {len}: FIN without READ");
+        assert_eq!(e.held_bytes(), 0, "nothing allocated for it");
+    }
+}
+
+#[test]
+fn an_empty_rendezvous_is_a_violation() {
+    let (mut e, now) = connected();
+    assert_eq!(
+        violation(e.on_recv(now, rts(1, 0, 0x1000))),
+        ProtocolViolation::EmptyRendezvous
+    );
+}
+
+#[test]
+fn a_duplicate_rendezvous_id_is_a_violation() {
+    let (mut e, now) = connected();
+    e.on_recv(now, rts(9, 8192, 0x1000)).expect("first");
+    assert_eq!(
+        violation(e.on_recv(now, rts(9, 8192, 0x9000))),
+        ProtocolViolation::DuplicateRendezvous(9)
+    );
+}
+
+#[test]
+fn rendezvous_beyond_the_announced_count_is_a_violation() {
+    let (mut e, now) = connected();
+    for id in 0..4 {
+        e.on_recv(now, rts(id, 4096, 0x10000 * (id as u64 + 1)))
+            .expect("within 4");
+    }
+    let v = violation(e.on_recv(now, rts(4, 4096, 0x90000)));
+    assert!(
+        matches!(
+            v,
+            ProtocolViolation::RendezvousLimit {
+                outstanding: 4,
+                max_count: 4,
+                ..
+            }
+        ),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn rendezvous_beyond_the_announced_bytes_is_a_violation_but_one_large_is_allowed() {
+    let (mut e, now) = connected();
+    // Nearly 1 MiB alone: allowed although above the 64 KiB budget.
+    e.on_recv(now, rts(0, (1 << 20) - 16, 0x10_0000))
+        .expect("one alone");
+    let v = violation(e.on_recv(now, rts(1, 4096, 0x90_0000)));
+    assert!(
+        matches!(v, ProtocolViolation::RendezvousLimit { outstanding: 1, .. }),
+        "{v:?}"
+    );
+    let (mut e, now) = connected();
+    e.on_recv(now, rts(0, 40 << 10, 0x10_0000)).expect("40 KiB");
+    let v = violation(e.on_recv(now, rts(1, 30 << 10, 0x90_0000)));
+    assert!(
+        matches!(v, ProtocolViolation::RendezvousLimit { max_bytes, .. } if max_bytes == 64 << 10),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn a_fin_for_nothing_outstanding_is_a_violation() {
+    let (mut e, now) = connected();
+    let mut th = Th::new(Kind::Fin);
+    th.id = 3;
+    assert_eq!(
+        violation(e.on_recv(now, encode(th, &[], &[]))),
+        ProtocolViolation::UnknownFin(3)
+    );
+}
+
+#[test]
+fn data_after_close_is_a_violation() {
+    let (mut e, now) = connected();
+    e.on_recv(now, encode(Th::new(Kind::Close), &[], &[]))
+        .expect("close");
+    assert!(matches!(e.poll_delivery(), Some(Delivery::End)));
+    assert_eq!(
+        violation(e.on_recv(now, eager(b"late"))),
+        ProtocolViolation::AfterClose { kind: "EAGER" }
+    );
+}
+
+#[test]
+fn a_peer_that_never_says_hello_times_out() {
+    let now = Instant::now();
+    let mut e = E::new(cfg(), Arc::new(Metrics::default()), now);
+    assert_eq!(e.poll_timeout(), Some(now + Duration::from_secs(10)));
+    e.handle_timeout(now + Duration::from_secs(9))
+        .expect("not yet");
+    match e.handle_timeout(now + Duration::from_secs(10)) {
+        Err(VerbsError::Timeout { what, after }) => {
+            assert!(what.contains("HELLO"), "{what}");
+            assert_eq!(after, Duration::from_secs(10));
+        }
+        other => panic!("expected a handshake timeout, got {other:?}"),
+    }
+    // After the HELLO the handshake deadline is gone.
+    let (e, _) = connected();
+    assert_eq!(e.poll_timeout(), None);
+}
+
+fn send_rendezvous(e: &mut E, now: Instant, len: usize) -> u32 {
+    e.send(OutMsg {
+        header: HeaderBytes::EMPTY,
+        len,
+        payload: Bytes::from(vec![1u8; len]),
+    });
+    let w = drain(e, now);
+    match w.as_slice() {
+        [Work::Rts { th, .. }] => th.id,
+        other => panic!(
+            "expected one RTS, got {:?}",
+            other.iter().map(kind_of).collect::<Vec<_>>()
+        ),
+    }
+}
+
+#[test]
+fn a_peer_that_never_sends_fin_times_out_and_pins_nothing_more() {
+    let (mut e, now) = connected();
+    let first = send_rendezvous(&mut e, now, 8192);
+    assert_eq!(e.poll_timeout(), Some(now + Duration::from_secs(30)));
+    // The sender side caps exposed payloads at the peer's announced count (4).
+    for _ in 1..4 {
+        send_rendezvous(&mut e, now, 8192);
+    }
+    e.send(OutMsg {
+        header: HeaderBytes::EMPTY,
+        len: 8192,
+        payload: Bytes::from(vec![2u8; 8192]),
+    });
+    assert!(drain(&mut e, now).is_empty(), "the fifth waits");
+    assert_eq!(e.rendezvous_counts().1, 4);
+    // A FIN releases one (invalidation first) and lets the fifth go.
+    let mut fin = Th::new(Kind::Fin);
+    fin.id = first;
+    let later = now + Duration::from_secs(20);
+    e.on_recv(later, encode(fin, &[], &[])).expect("fin");
+    let kinds: Vec<_> = drain(&mut e, later).iter().map(kind_of).collect();
+    assert_eq!(kinds, ["UNEXPOSE", "RTS"]);
+    // The deadline restarts at each FIN; without another, the connection fails.
+    assert_eq!(e.poll_timeout(), Some(later + Duration::from_secs(30)));
+    match e.handle_timeout(later + Duration::from_secs(30)) {
+        Err(VerbsError::Timeout { what, .. }) => assert!(what.contains("FIN"), "{what}"),
+        other => panic!("expected a rendezvous timeout, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_rendezvous_target_is_allocated_only_when_its_read_is_posted() {
+    let (mut e, now) = connected();
+    // Four transfers of 8 KiB: READ window 2, chunk 4 KiB.
+    for id in 0..4 {
+        e.on_recv(now, rts(id, 8192, 0x10_0000 * (id as u64 + 1)))
+            .expect("within limits");
+    }
+    assert_eq!(e.held_bytes(), 0, "nothing allocated on arrival");
+    let reads: Vec<ReadChunk> = drain(&mut e, now)
+        .into_iter()
+        .filter_map(|w| match w {
+            Work::Read(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reads.len(), 2, "window of two READs");
+    assert_eq!(reads[0].alloc, Some(8192));
+    assert_eq!(reads[1].alloc, None, "second chunk of the same transfer");
+    assert_eq!(e.held_bytes(), 8192, "one target so far");
+    assert_eq!(
+        (reads[0].remote_addr, reads[1].remote_addr),
+        (0x10_0000, 0x10_0000 + 4096)
+    );
+    e.on_read_done(now, reads[0].tag, 4096);
+    e.on_read_done(now, reads[1].tag, 4096);
+    let w = drain(&mut e, now);
+    let kinds: Vec<_> = w.iter().map(kind_of).collect();
+    assert_eq!(kinds, ["READ", "READ", "FIN"], "next transfer, then FIN");
+    assert!(matches!(
+        e.poll_delivery(),
+        Some(Delivery::Rendezvous { len: 8192, .. })
+    ));
+}
+
+#[test]
+fn an_application_that_does_not_read_stops_credits_and_reads() {
+    let (mut e, now) = connected();
+    // The application holds 256 KiB (the budget) untaken.
+    e.set_backlog(1, 256 << 10);
+    e.on_recv(now, rts(0, 8192, 0x10_0000)).expect("rts");
+    for i in 0..4 {
+        e.on_recv(now, eager(&[i; 16])).expect("eager");
+    }
+    let w = drain(&mut e, now);
+    assert!(
+        w.is_empty(),
+        "no READ, no CREDIT: {:?}",
+        w.iter().map(kind_of).collect::<Vec<_>>()
+    );
+    let (_, _, owed, withheld) = e.credit_state();
+    // One owed from the HELLO's buffer (below the CREDIT threshold), five withheld.
+    assert_eq!((owed, withheld), (1, 5), "credits withheld");
+    assert!(e.waiting_for_app());
+    // The application catches up: READ and credits resume.
+    e.set_backlog(0, 0);
+    let kinds: Vec<_> = drain(&mut e, now).iter().map(kind_of).collect();
+    assert_eq!(kinds, ["READ", "READ", "CREDIT"]);
+}
+
+#[test]
+fn a_large_eager_payload_is_handed_over_and_a_small_one_copied() {
+    let (mut e, now) = connected();
+    let big = vec![7u8; 2000];
+    assert!(e.on_recv(now, eager(&big)).expect("ok").is_none(), "kept");
+    assert!(
+        e.on_recv(now, eager(b"tiny")).expect("ok").is_some(),
+        "re-posted"
+    );
+    match (e.poll_delivery(), e.poll_delivery()) {
+        (Some(Delivery::Msg(a)), Some(Delivery::Msg(b))) => {
+            assert_eq!(&a.payload[..], &big[..]);
+            assert_eq!(&b.payload[..], b"tiny");
+            assert_eq!(a.header.as_slice(), b"h");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+// ---- Property tests ---------------------------------------------------------------------
+
+use proptest::prelude::*;
+
+/// One side of the simulated connection: an engine, the memory it exposed, its READ targets.
+struct Side {
+    e: E,
+    /// Messages the peer sent that are on the wire to this side, in order.
+    inbox: VecDeque<Vec<u8>>,
+    /// Receive buffers posted.
+    posted: u32,
+    /// Exposed payloads by rkey: (id, address, bytes).
+    exposed: HashMap<u32, (u32, u64, Bytes)>,
+    next_addr: u64,
+    next_rkey: u32,
+    /// READ targets by tag.
+    targets: HashMap<u64, Vec<u8>>,
+    /// READs posted and not yet completed, in order: (tag, len).
+    reads: VecDeque<(u64, usize)>,
+    /// Delivered and not yet taken by the application.
+    app: VecDeque<(HeaderBytes, Bytes)>,
+    app_bytes: u64,
+    /// Everything taken, in order.
+    taken: Vec<(HeaderBytes, Bytes)>,
+    /// Sent by this side's application, in order.
+    sent: Vec<(HeaderBytes, Bytes)>,
+}
+
+impl Side {
+    fn new(now: Instant, c: EngineConfig) -> Side {
+        Side {
+            posted: c.recv_depth,
+            e: E::new(c, Arc::new(Metrics::default()), now),
+            inbox: VecDeque::new(),
+            exposed: HashMap::new(),
+            next_addr: 0x1000_0000,
+            next_rkey: 1,
+            targets: HashMap::new(),
+            reads: VecDeque::new(),
+            app: VecDeque::new(),
+            app_bytes: 0,
+            taken: Vec::new(),
+            sent: Vec::new(),
+        }
+    }
+}
+
+/// Posts everything `from` wants to post; SENDs go to `to.inbox`, READs read `to.exposed`.
+fn pump(from: &mut Side, to: &mut Side, now: Instant) -> bool {
+    let mut any = false;
+    while let Some(w) = from.e.poll_work(now) {
+        any = true;
+        match w {
+            Work::Control(th) => to.inbox.push_back(encode(th, &[], &[]).0),
+            Work::Eager {
+                th,
+                header,
+                payload,
+            } => to
+                .inbox
+                .push_back(encode(th, header.as_slice(), &payload).0),
+            Work::Rts {
+                mut th,
+                header,
+                payload,
+            } => {
+                let rkey = from.next_rkey;
+                from.next_rkey += 1;
+                th.addr = from.next_addr;
+                th.rkey = rkey;
+                from.next_addr += payload.len() as u64 + 0x1000;
+                from.exposed.insert(rkey, (th.id, th.addr, payload));
+                to.inbox.push_back(encode(th, header.as_slice(), &[]).0);
+            }
+            Work::Unexpose { id } => {
+                let before = from.exposed.len();
+                from.exposed.retain(|_, (i, _, _)| *i != id);
+                assert_eq!(from.exposed.len() + 1, before, "unexposed what was exposed");
+            }
+            Work::Read(r) => {
+                if let Some(n) = r.alloc {
+                    assert!(from.targets.insert(r.tag, vec![0; n]).is_none());
+                }
+                // An honest peer only ever reads what is exposed, inside its bounds.
+                let (_, addr, bytes) = to.exposed.get(&r.rkey).expect("READ of an exposed payload");
+                let off = (r.remote_addr - addr) as usize;
+                let t = from.targets.get_mut(&r.tag).expect("target allocated");
+                t[r.offset..r.offset + r.len].copy_from_slice(&bytes[off..off + r.len]);
+                from.reads.push_back((r.tag, r.len));
+            }
+        }
+    }
+    any
+}
+
+/// Delivers the next message on the wire to `s`.
+fn arrive(s: &mut Side, now: Instant) -> bool {
+    let Some(m) = s.inbox.pop_front() else {
+        return false;
+    };
+    assert!(
+        s.posted > 0,
+        "receiver not ready: a SEND without a posted buffer"
+    );
+    s.posted -= 1;
+    s.e.on_recv(now, Buf(m))
+        .expect("an honest peer breaks no rule");
+    s.posted += 1; // re-posted, or a fresh one in its place
+    collect(s);
+    true
+}
+
+fn collect(s: &mut Side) {
+    while let Some(d) = s.e.poll_delivery() {
+        let (h, p) = match d {
+            Delivery::Msg(m) => (m.header, m.payload),
+            Delivery::Rendezvous { tag, header, len } => {
+                let mut t = s
+                    .targets
+                    .remove(&tag)
+                    .expect("target of a delivered transfer");
+                t.truncate(len);
+                (header, Bytes::from(t))
+            }
+            other => panic!("unexpected delivery {other:?}"),
+        };
+        s.app_bytes += p.len() as u64;
+        s.app.push_back((h, p));
+    }
+    s.e.set_backlog(s.app.len(), s.app_bytes);
+}
+
+fn complete_read(s: &mut Side, now: Instant) -> bool {
+    let Some((tag, len)) = s.reads.pop_front() else {
+        return false;
+    };
+    s.e.on_read_done(now, tag, len);
+    collect(s);
+    true
+}
+
+fn take(s: &mut Side, n: usize) -> bool {
+    let mut any = false;
+    for _ in 0..n {
+        let Some((h, p)) = s.app.pop_front() else {
+            break;
+        };
+        s.app_bytes -= p.len() as u64;
+        s.taken.push((h, p));
+        any = true;
+    }
+    s.e.set_backlog(s.app.len(), s.app_bytes);
+    any
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Send { a: bool, len: usize, seed: u8 },
+    Pump { a: bool },
+    Arrive { a: bool },
+    ReadDone { a: bool },
+    Take { a: bool, n: usize },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let len = prop_oneof![
+        4 => 0usize..200,
+        3 => 200usize..5000,
+        2 => 5000usize..70_000,
+        1 => 70_000usize..300_000,
+    ];
+    prop_oneof![
+        2 => (any::<bool>(), len, any::<u8>()).prop_map(|(a, len, seed)| Step::Send { a, len, seed }),
+        3 => any::<bool>().prop_map(|a| Step::Pump { a }),
+        4 => any::<bool>().prop_map(|a| Step::Arrive { a }),
+        2 => any::<bool>().prop_map(|a| Step::ReadDone { a }),
+        2 => (any::<bool>(), 0usize..8).prop_map(|(a, n)| Step::Take { a, n }),
+    ]
+}
+
+fn payload(len: usize, seed: u8) -> Bytes {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// Two honest engines over a simulated wire, in any interleaving of sends, posts,
+    /// arrivals, READ completions and application reads: no violation, no receive without a
+    /// posted buffer, no READ of unexposed memory, and in the end every message delivered
+    /// byte-exact and in order, nothing left exposed, every credit accounted for.
+    #[test]
+    fn honest_peers_deliver_everything_in_order(steps in proptest::collection::vec(step(), 1..300)) {
+        let now = Instant::now();
+        let mut a = Side::new(now, cfg());
+        let mut b = Side::new(now, cfg());
+        for s in steps {
+            let (x, y) = match &s {
+                Step::Send { a: true, .. } | Step::Pump { a: true } | Step::Arrive { a: true }
+                | Step::ReadDone { a: true } | Step::Take { a: true, .. } => (&mut a, &mut b),
+                _ => (&mut b, &mut a),
+            };
+            match s {
+                Step::Send { len, seed, .. } => {
+                    let header = HeaderBytes::new(&[seed; 3]).expect("3 bytes");
+                    let p = payload(len, seed);
+                    x.sent.push((header, p.clone()));
+                    x.e.send(OutMsg { header, len, payload: p });
+                }
+                Step::Pump { .. } => { pump(x, y, now); }
+                Step::Arrive { .. } => { arrive(x, now); }
+                Step::ReadDone { .. } => { complete_read(x, now); }
+                Step::Take { n, .. } => { take(x, n); }
+            }
+            prop_assert!(a.e.held_bytes() <= bound(&cfg()));
+            prop_assert!(b.e.held_bytes() <= bound(&cfg()));
+        }
+        quiesce(&mut a, &mut b, now);
+        prop_assert_eq!(a.taken.len(), b.sent.len(), "everything B sent reached A");
+        prop_assert_eq!(b.taken.len(), a.sent.len(), "everything A sent reached B");
+        for (got, want) in a.taken.iter().zip(&b.sent) {
+            prop_assert!(got == want, "byte-exact and in order");
+        }
+        for (got, want) in b.taken.iter().zip(&a.sent) {
+            prop_assert!(got == want, "byte-exact and in order");
+        }
+        for s in [&a, &b] {
+            prop_assert!(s.exposed.is_empty(), "every exposure revoked");
+            prop_assert!(s.targets.is_empty(), "every target delivered");
+            prop_assert_eq!(s.e.rendezvous_counts(), (0, 0));
+            let (_, peer, owed, withheld) = s.e.credit_state();
+            prop_assert_eq!(peer + owed + withheld, DEPTH, "every buffer accounted for");
+            prop_assert_eq!(s.e.held_bytes(), 0);
+        }
+    }
+}
+
+/// Runs both sides until nothing moves, the applications reading everything.
+fn quiesce(a: &mut Side, b: &mut Side, now: Instant) {
+    let mut rounds = 0;
+    loop {
+        let mut any = false;
+        any |= pump(a, b, now);
+        any |= pump(b, a, now);
+        while arrive(a, now) {
+            any = true;
+        }
+        while arrive(b, now) {
+            any = true;
+        }
+        while complete_read(a, now) {
+            any = true;
+        }
+        while complete_read(b, now) {
+            any = true;
+        }
+        any |= take(a, usize::MAX);
+        any |= take(b, usize::MAX);
+        if !any {
+            break;
+        }
+        rounds += 1;
+        assert!(rounds < 10_000, "no quiescence");
+    }
+}
+
+#[test]
+fn both_sides_sending_bursts_at_once_deliver_everything() {
+    // Each side sends three queues' worth before anything arrives: both run out of credits
+    // with credits owed, and must still get everything through.
+    let now = Instant::now();
+    let mut a = Side::new(now, cfg());
+    let mut b = Side::new(now, cfg());
+    quiesce(&mut a, &mut b, now); // HELLOs
+    for (x, seed) in [(&mut a, 1u8), (&mut b, 2u8)] {
+        for i in 0..3 * DEPTH as usize {
+            let header = HeaderBytes::new(&[seed, i as u8]).expect("2 bytes");
+            let p = payload(100 + i, seed);
+            x.sent.push((header, p.clone()));
+            x.e.send(OutMsg {
+                header,
+                len: p.len(),
+                payload: p,
+            });
+        }
+    }
+    pump(&mut a, &mut b, now);
+    pump(&mut b, &mut a, now);
+    quiesce(&mut a, &mut b, now);
+    assert_eq!(a.taken, b.sent, "everything B sent reached A, in order");
+    assert_eq!(b.taken, a.sent, "everything A sent reached B, in order");
+}
+
+/// What the engine may hold because of a peer, at most: rendezvous targets (the announced
+/// budget, or one message of the maximum size), plus messages ready behind a transfer (at
+/// most the backlog budget plus what the peer's credits let through).
+fn bound(c: &EngineConfig) -> u64 {
+    let targets =
+        c.max_rendezvous_in_bytes.max(c.max_message_size as u64) + c.max_message_size as u64;
+    let ready = c.backlog_bytes
+        + c.max_message_size as u64
+        + (c.backlog_max as u64 + c.recv_depth as u64) * c.recv_buf_size as u64;
+    targets + ready
+}
+
+/// A message a hostile peer may send: any kind (or an unknown one), any numbers, biased toward
+/// values near the limits so that the checks themselves are exercised.
+fn hostile_msg() -> impl Strategy<Value = Vec<u8>> {
+    let num = prop_oneof![
+        Just(0u64),
+        Just(1u64),
+        1u64..70_000,
+        Just(64u64 << 10),
+        Just(1u64 << 20),
+        Just((1u64 << 20) + 1),
+        Just(u64::MAX),
+        Just(u64::MAX - 4096),
+        any::<u64>(),
+    ];
+    let small = prop_oneof![
+        Just(0u32),
+        Just(1u32),
+        1u32..16,
+        Just(u32::MAX),
+        any::<u32>()
+    ];
+    (
+        0u8..8,
+        prop_oneof![Just(0u16), 1u16..9, any::<u16>()],
+        small.clone(),
+        num.clone(),
+        num,
+        small.clone(),
+        small,
+        0usize..70,
+        0usize..5000,
+        any::<bool>(),
+    )
+        .prop_map(
+            |(kind, credits, id, len, addr, rkey, aux, hlen, plen, honest_len)| {
+                let mut m = vec![0u8; TH_LEN];
+                m[0] = kind;
+                m[1] = hlen as u8;
+                m[2..4].copy_from_slice(&credits.to_le_bytes());
+                m[4..8].copy_from_slice(&id.to_le_bytes());
+                // Often the true payload length, so eager messages get past decoding.
+                let len = if honest_len { plen as u64 } else { len };
+                m[8..16].copy_from_slice(&len.to_le_bytes());
+                m[16..24].copy_from_slice(&addr.to_le_bytes());
+                m[24..28].copy_from_slice(&rkey.to_le_bytes());
+                m[28..32].copy_from_slice(&aux.to_le_bytes());
+                m.extend(std::iter::repeat_n(0xab, hlen.min(64)));
+                m.extend(std::iter::repeat_n(0xcd, plen));
+                m
+            },
+        )
+}
+
+#[derive(Debug, Clone)]
+enum Hostile {
+    Msg(Vec<u8>),
+    Hello,
+    Pump,
+    ReadDone,
+    Take(usize),
+    Wait(u64),
+}
+
+fn hostile_step() -> impl Strategy<Value = Hostile> {
+    prop_oneof![
+        6 => hostile_msg().prop_map(Hostile::Msg),
+        1 => Just(Hostile::Hello),
+        3 => Just(Hostile::Pump),
+        3 => Just(Hostile::ReadDone),
+        1 => (0usize..10).prop_map(Hostile::Take),
+        1 => (0u64..40).prop_map(Hostile::Wait),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// Arbitrary peer messages, READ completions, application reads and time: the engine
+    /// never panics or overflows (debug arithmetic checks), never holds more than the bound,
+    /// never emits a READ outside an announced range, and once it reports an error it stays
+    /// failed and posts nothing more.
+    #[test]
+    fn a_hostile_peer_cannot_break_the_engine(steps in proptest::collection::vec(hostile_step(), 1..200)) {
+        let c = cfg();
+        let start = Instant::now();
+        let mut now = start;
+        let mut e = E::new(c.clone(), Arc::new(Metrics::default()), now);
+        let mut failed = false;
+        // Announced ranges: rkey -> (addr, len) of every admitted RTS, to check READs.
+        let mut announced: Vec<(u32, u64, u64)> = Vec::new();
+        let mut reads: VecDeque<(u64, usize)> = VecDeque::new();
+        let mut targets: BTreeMap<u64, usize> = BTreeMap::new();
+        let mut app: VecDeque<u64> = VecDeque::new();
+        for s in steps {
+            let r = match s {
+                Hostile::Msg(m) => {
+                    if m.len() >= TH_LEN && m[0] == 3 {
+                        let mut b = [0u8; 8];
+                        b.copy_from_slice(&m[8..16]);
+                        let len = u64::from_le_bytes(b);
+                        b.copy_from_slice(&m[16..24]);
+                        let addr = u64::from_le_bytes(b);
+                        let rkey = u32::from_le_bytes([m[24], m[25], m[26], m[27]]);
+                        announced.push((rkey, addr, len));
+                    }
+                    e.on_recv(now, Buf(m)).map(|_| ())
+                }
+                Hostile::Hello => e.on_recv(now, encode(hello(DEPTH as u16 - 1), &[], &[])).map(|_| ()),
+                Hostile::Pump => {
+                    while let Some(w) = e.poll_work(now) {
+                        prop_assert!(!failed, "work after a failure");
+                        if let Work::Read(r) = w {
+                            if let Some(n) = r.alloc {
+                                targets.insert(r.tag, n);
+                            }
+                            let t = targets.get(&r.tag).copied();
+                            prop_assert!(t.is_some_and(|n| r.offset + r.len <= n), "READ inside its target");
+                            prop_assert!(
+                                announced.iter().any(|&(k, a, l)| k == r.rkey
+                                    && r.remote_addr >= a
+                                    && r.remote_addr + r.len as u64 <= a + l),
+                                "READ inside an announced range"
+                            );
+                            reads.push_back((r.tag, r.len));
+                        }
+                    }
+                    Ok(())
+                }
+                Hostile::ReadDone => {
+                    if let Some((tag, len)) = reads.pop_front() {
+                        e.on_read_done(now, tag, len);
+                    }
+                    Ok(())
+                }
+                Hostile::Take(n) => {
+                    for _ in 0..n { app.pop_front(); }
+                    e.set_backlog(app.len(), app.iter().sum());
+                    Ok(())
+                }
+                Hostile::Wait(secs) => {
+                    now += Duration::from_secs(secs);
+                    e.handle_timeout(now)
+                }
+            };
+            if r.is_err() {
+                failed = true;
+            }
+            while let Some(d) = e.poll_delivery() {
+                let n = match d {
+                    Delivery::Msg(m) => m.payload.len() as u64,
+                    Delivery::Rendezvous { tag, len, .. } => {
+                        prop_assert!(targets.remove(&tag).is_some());
+                        len as u64
+                    }
+                    _ => 0,
+                };
+                app.push_back(n);
+            }
+            e.set_backlog(app.len(), app.iter().sum());
+            let held = e.held_bytes() + app.iter().sum::<u64>();
+            prop_assert!(held <= bound(&c), "held {held} > bound {}", bound(&c));
+            if failed {
+                prop_assert!(e.poll_work(now).is_none(), "a failed engine posts nothing");
+            }
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! A raw verbs peer for tests (feature `test-peer`): it connects through rdma_cm like a
+//! `VerbsTransport` client but speaks the wire format by hand, so a test can break
+//! every rule of the protocol and try every memory access a hostile peer could.
+//!
+//! ```no_run
+//! # async fn demo(addr: std::net::SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use transport_verbs::test_peer::{wire, RawPeer};
+//!
+//! let mut peer = RawPeer::connect(addr, Default::default()).await?;
+//! peer.send(&[peer.hello(), wire::rts(1, u64::MAX, 0x1000, 7)])?;
+//! let reply = peer.recv(Duration::from_secs(5)).await?; // the server's HELLO
+//! # let _ = reply; Ok(()) }
+//! ```
+//!
+//! The peer polls its completion queue in a loop with a short pause (it is a test tool, not
+//! a data path); every wait has a time limit.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sideway::rdmacm::communication_manager::Identifier;
+use transport_core::{Metrics, TransportError};
+
+use crate::cm::Established;
+use crate::config::VerbsConfig;
+use crate::error::{VerbsError, WcStatus};
+use crate::ffi::{Completion, Endpoint, ReadSpec, SqLocal};
+use crate::pool::{Pool, PoolBuf};
+
+/// Builders of raw protocol messages (see the crate docs for the layout).
+pub mod wire {
+    use crate::proto::{Kind, Th, VERSION};
+    use transport_core::HeaderBytes;
+
+    /// The protocol version this crate speaks.
+    pub const PROTOCOL_VERSION: u64 = VERSION;
+
+    /// Any message: the 32-byte header with these fields, then `header` and `payload`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn message(
+        kind: u8,
+        credits: u16,
+        id: u32,
+        len: u64,
+        addr: u64,
+        rkey: u32,
+        aux: u32,
+        header: &[u8],
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let mut out = vec![0u8; 32];
+        out[0] = kind;
+        out[1] = header.len() as u8;
+        out[2..4].copy_from_slice(&credits.to_le_bytes());
+        out[4..8].copy_from_slice(&id.to_le_bytes());
+        out[8..16].copy_from_slice(&len.to_le_bytes());
+        out[16..24].copy_from_slice(&addr.to_le_bytes());
+        out[24..28].copy_from_slice(&rkey.to_le_bytes());
+        out[28..32].copy_from_slice(&aux.to_le_bytes());
+        out.extend_from_slice(header);
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// A valid HELLO: receive queue `depth` buffers of `buf_size` bytes, `depth - 1` credits,
+    /// rendezvous limits of `count` transfers and `kib` KiB.
+    pub fn hello(depth: u32, buf_size: u64, count: u32, kib: u32) -> Vec<u8> {
+        let mut th = Th::new(Kind::Hello);
+        th.credits = (depth - 1) as u16;
+        th.id = depth;
+        th.len = buf_size;
+        th.addr = VERSION;
+        th.rkey = count;
+        th.aux = kib;
+        encode(th, &[], &[])
+    }
+
+    /// An eager message carrying `payload`.
+    pub fn eager(header: &[u8], payload: &[u8]) -> Vec<u8> {
+        let mut th = Th::new(Kind::Eager);
+        th.len = payload.len() as u64;
+        encode(th, header, payload)
+    }
+
+    /// An RTS announcing `len` bytes at `addr` readable with `rkey`.
+    pub fn rts(id: u32, len: u64, addr: u64, rkey: u32) -> Vec<u8> {
+        let mut th = Th::new(Kind::Rts);
+        th.id = id;
+        th.len = len;
+        th.addr = addr;
+        th.rkey = rkey;
+        encode(th, &[], &[])
+    }
+
+    /// A FIN for rendezvous `id`, granting `credits`.
+    pub fn fin(id: u32, credits: u16) -> Vec<u8> {
+        let mut th = Th::new(Kind::Fin);
+        th.id = id;
+        th.credits = credits;
+        encode(th, &[], &[])
+    }
+
+    /// A CREDIT granting `credits`.
+    pub fn credit(credits: u16) -> Vec<u8> {
+        let mut th = Th::new(Kind::Credit);
+        th.credits = credits;
+        encode(th, &[], &[])
+    }
+
+    fn encode(th: Th, header: &[u8], payload: &[u8]) -> Vec<u8> {
+        let h = HeaderBytes::new(header).unwrap_or(HeaderBytes::EMPTY);
+        let mut out = vec![0u8; 32 + h.len()];
+        th.encode(&h, &mut out);
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// A received message, decoded field by field (no validation).
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Parsed {
+        /// Kind byte (1 HELLO, 2 EAGER, 3 RTS, 4 FIN, 5 CREDIT, 6 CLOSE).
+        pub kind: u8,
+        /// Credits granted.
+        pub credits: u16,
+        /// Rendezvous id (HELLO: queue depth).
+        pub id: u32,
+        /// Payload length (HELLO: buffer size).
+        pub len: u64,
+        /// Address (HELLO: version).
+        pub addr: u64,
+        /// Remote key (HELLO: rendezvous count).
+        pub rkey: u32,
+        /// HELLO: rendezvous KiB.
+        pub aux: u32,
+        /// The message header.
+        pub header: Vec<u8>,
+        /// The eager payload.
+        pub payload: Vec<u8>,
+    }
+
+    /// Splits a received message into its fields; `None` if shorter than 32 bytes.
+    pub fn parse(m: &[u8]) -> Option<Parsed> {
+        if m.len() < 32 {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_le_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
+        let u64_at = |i: usize| u64::from(u32_at(i)) | (u64::from(u32_at(i + 4)) << 32);
+        let hlen = (m[1] as usize).min(m.len() - 32);
+        Some(Parsed {
+            kind: m[0],
+            credits: u16::from_le_bytes([m[2], m[3]]),
+            id: u32_at(4),
+            len: u64_at(8),
+            addr: u64_at(16),
+            rkey: u32_at(24),
+            aux: u32_at(28),
+            header: m[32..32 + hlen].to_vec(),
+            payload: m[32 + hlen..].to_vec(),
+        })
+    }
+}
+
+/// A connected queue pair driven by hand (see the module docs).
+pub struct RawPeer {
+    // The endpoint goes before the memory it may touch (targets, pool).
+    ep: Endpoint<PoolBuf>,
+    targets: HashMap<u64, Arc<PoolBuf>>,
+    pool: Pool,
+    _id: Arc<Identifier>,
+    cfg: VerbsConfig,
+    received: VecDeque<Vec<u8>>,
+    reads: HashMap<u64, Result<(), WcStatus>>,
+    send_error: Option<WcStatus>,
+    next_tag: u64,
+    comps: Vec<Completion<PoolBuf>>,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for RawPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawPeer").finish_non_exhaustive()
+    }
+}
+
+fn timeout(what: &'static str, after: Duration) -> TransportError {
+    VerbsError::Timeout { what, after }.into()
+}
+
+impl RawPeer {
+    /// Connects to a verbs listener at `addr`, with `cfg`'s queue sizes; nothing is sent.
+    pub async fn connect(addr: SocketAddr, cfg: VerbsConfig) -> Result<RawPeer, TransportError> {
+        let cfg_arc = Arc::new(cfg.clone());
+        let Established { res, id, .. } = crate::cm::connect(cfg_arc, addr).await?;
+        Ok(RawPeer {
+            ep: res.ep,
+            targets: HashMap::new(),
+            pool: res.pool,
+            _id: id,
+            cfg,
+            received: VecDeque::new(),
+            reads: HashMap::new(),
+            send_error: None,
+            next_tag: 0,
+            comps: Vec::new(),
+            metrics: res.metrics,
+        })
+    }
+
+    /// A valid HELLO for this peer's configuration.
+    pub fn hello(&self) -> Vec<u8> {
+        wire::hello(
+            self.cfg.recv_depth as u32,
+            self.cfg.recv_buf_size() as u64,
+            self.cfg.max_rendezvous_in as u32,
+            (self.cfg.max_rendezvous_in_bytes / 1024) as u32,
+        )
+    }
+
+    /// Sends `msgs` (raw bytes each), one doorbell. Credits are not checked: that is the point.
+    pub fn send(&mut self, msgs: &[Vec<u8>]) -> Result<(), TransportError> {
+        for m in msgs {
+            while self.ep.sq_room() == 0 {
+                self.poll()?;
+            }
+            let mut buf = self.pool.get_for(m.len().max(1))?;
+            buf.as_mut_slice()[..m.len()].copy_from_slice(m);
+            self.ep.stage_send(SqLocal::Buf { buf, len: m.len() });
+        }
+        self.ep.ring()?;
+        Ok(())
+    }
+
+    /// A payload of `len` bytes (`fill` each) in registered memory this peer can expose.
+    pub fn payload(&self, len: usize, fill: u8) -> Result<Bytes, TransportError> {
+        let mut buf = self.pool.get_for(len)?;
+        buf.as_mut_slice()[..len].fill(fill);
+        Ok(Bytes::from_owner(buf).slice(0..len))
+    }
+
+    /// Exposes `payload` (from [`RawPeer::payload`]) for reading as rendezvous `id` through a
+    /// memory window; returns (address, rkey) for an RTS. Staged: posted by the next
+    /// [`RawPeer::send`].
+    pub fn expose(&mut self, id: u32, payload: &Bytes) -> Result<(u64, u32), TransportError> {
+        let held = self.pool.register(payload)?;
+        self.ep
+            .stage_expose(id, held)
+            .map_err(|e| VerbsError::verbs("ibv_bind_mw", "raw peer", e).into())
+    }
+
+    /// The next received message (its receive buffer is re-posted), within `within`.
+    pub async fn recv(&mut self, within: Duration) -> Result<Vec<u8>, TransportError> {
+        let deadline = Instant::now() + within;
+        loop {
+            self.poll()?;
+            if let Some(m) = self.received.pop_front() {
+                return Ok(m);
+            }
+            if Instant::now() >= deadline {
+                return Err(timeout("raw peer: no message", within));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// The next received message of `kind`, skipping others (CREDITs, ...), within `within`.
+    pub async fn recv_kind(
+        &mut self,
+        kind: u8,
+        within: Duration,
+    ) -> Result<wire::Parsed, TransportError> {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let m = self.recv(left).await?;
+            if let Some(p) = wire::parse(&m).filter(|p| p.kind == kind) {
+                return Ok(p);
+            }
+        }
+    }
+
+    /// RDMA READs `len` bytes at `addr` with `rkey`: the bytes, or the completion's status
+    /// (a failed READ puts this peer's queue pair in the error state).
+    pub async fn read(
+        &mut self,
+        addr: u64,
+        rkey: u32,
+        len: usize,
+        within: Duration,
+    ) -> Result<Result<Vec<u8>, WcStatus>, TransportError> {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let target = Arc::new(self.pool.get_for(len)?);
+        self.targets.insert(tag, target.clone());
+        while self.ep.sq_room() == 0 {
+            self.poll()?;
+        }
+        self.ep
+            .stage_read(ReadSpec {
+                target,
+                offset: 0,
+                len,
+                remote_addr: addr,
+                rkey,
+                tag,
+            })
+            .map_err(|e| VerbsError::verbs("RDMA READ", "raw peer", e))?;
+        self.ep.ring()?;
+        let deadline = Instant::now() + within;
+        loop {
+            self.poll()?;
+            if let Some(st) = self.reads.remove(&tag) {
+                let t = self.targets.remove(&tag).expect("target kept");
+                return Ok(st.map(|()| t.as_slice()[..len].to_vec()));
+            }
+            if Instant::now() >= deadline {
+                return Err(timeout("raw peer: READ did not complete", within));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// The status of the first failed send, if any.
+    pub fn send_error(&mut self) -> Result<Option<WcStatus>, TransportError> {
+        self.poll()?;
+        Ok(self.send_error)
+    }
+
+    /// This peer's counters (registrations of its pool, ...).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    fn poll(&mut self) -> Result<(), TransportError> {
+        let mut comps = std::mem::take(&mut self.comps);
+        self.ep
+            .poll(&mut comps)
+            .map_err(|e| VerbsError::verbs("ibv_poll_cq", "raw peer", e))?;
+        for c in comps.drain(..) {
+            match c {
+                Completion::Recv { buf, len, status } => {
+                    if status.is_ok() {
+                        self.received.push_back(buf.as_slice()[..len].to_vec());
+                        let _ = self.ep.stage_recv(buf);
+                    }
+                }
+                Completion::Read { tag, status, .. } => {
+                    self.reads
+                        .insert(tag, status.map_err(|e| WcStatus::from_raw(e.status)));
+                }
+                Completion::Sent { status, .. } => {
+                    if let Err(e) = status {
+                        self.send_error.get_or_insert(WcStatus::from_raw(e.status));
+                    }
+                }
+            }
+        }
+        self.comps = comps;
+        self.ep.ring()?;
+        Ok(())
+    }
+}

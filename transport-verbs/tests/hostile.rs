@@ -1,0 +1,372 @@
+//! Hostile peers against a verbs server, with a raw peer that speaks the wire format by hand
+//! (`transport_verbs::test_peer`): huge and wrapping lengths, an RTS flood, no HELLO, no FIN,
+//! a stale rkey after FIN, another connection's rkey. Each gets a typed error or a bounded
+//! wait, the server registers nothing it was not asked to, and a normal client is served
+//! afterwards.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use transport_core::{
+    Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport,
+    TransportError,
+};
+use transport_verbs::test_peer::{wire, RawPeer};
+use transport_verbs::{
+    ProtocolViolation, VerbsConfig, VerbsError, VerbsListener, VerbsTransport, WcStatus,
+};
+
+const HELLO: u8 = 1;
+const EAGER: u8 = 2;
+const RTS: u8 = 3;
+const FIN: u8 = 4;
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn server(cfg: VerbsConfig, ip: SocketAddr) -> (VerbsTransport, VerbsListener, SocketAddr) {
+    let verbs = VerbsTransport::new(cfg).expect("transport");
+    let listener = verbs.listen(&ip).await.expect("listen");
+    let addr = listener.local_addr().expect("addr");
+    (verbs, listener, addr)
+}
+
+async fn accept(l: &mut VerbsListener) -> transport_verbs::VerbsConnection {
+    tokio::time::timeout(WAIT, l.accept())
+        .await
+        .expect("accepted in time")
+        .expect("accept")
+}
+
+/// Connects, exchanges HELLOs; returns the raw peer and the server's side of the connection.
+async fn handshake(
+    l: &mut VerbsListener,
+    addr: SocketAddr,
+) -> (RawPeer, transport_verbs::VerbsConnection) {
+    let mut peer = RawPeer::connect(addr, VerbsConfig::default())
+        .await
+        .expect("raw connect");
+    let conn = accept(l).await;
+    let hello = peer.hello();
+    peer.send(&[hello]).expect("send HELLO");
+    let h = peer.recv_kind(HELLO, WAIT).await.expect("server HELLO");
+    assert_eq!(h.addr, wire::PROTOCOL_VERSION);
+    (peer, conn)
+}
+
+/// A normal client still gets served by the same listener (the process survived the peer).
+async fn still_serving(verbs: &VerbsTransport, l: &mut VerbsListener, addr: SocketAddr) {
+    let client = tokio::time::timeout(WAIT, verbs.connect(&addr))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    let server = accept(l).await;
+    let (mut tx, _rx) = client.split();
+    let (_stx, mut srx) = server.split();
+    let payload = Bytes::from(vec![9u8; 300_000]);
+    tx.send(Message::new(HeaderBytes::from(*b"ok"), payload.clone()))
+        .await
+        .expect("send");
+    let m = tokio::time::timeout(WAIT, srx.recv())
+        .await
+        .expect("in time")
+        .expect("recv")
+        .expect("open");
+    assert_eq!(m.header.as_slice(), b"ok");
+    assert!(m.payload == payload, "a large message arrives whole");
+}
+
+fn violation(e: &TransportError) -> &ProtocolViolation {
+    match e.backend_error::<VerbsError>() {
+        Some(VerbsError::Protocol(v)) => v,
+        _ => panic!("expected a protocol violation, got {e:?}"),
+    }
+}
+
+#[test]
+fn huge_or_wrapping_lengths_get_typed_errors_and_allocate_nothing() {
+    let Some(ip) = common::listen_addr_or_skip("hostile_lengths") else {
+        return;
+    };
+    common::run(async move {
+        let (verbs, mut l, addr) = server(VerbsConfig::default(), ip).await;
+        let (mut peer, conn) = handshake(&mut l, addr).await;
+        let metrics = conn.metrics();
+        let before = metrics.snapshot();
+        let (_stx, mut srx) = conn.split();
+
+        // Lengths no message can have (one wraps `header + len` in 64 bits): refused with
+        // MessageTooLarge (the connection stays usable), FIN without any READ.
+        peer.send(&[
+            wire::rts(1, u64::MAX, 0x1000, 7),
+            wire::rts(2, u64::MAX - 3, 0x1000, 7),
+            wire::rts(3, 1 << 44, 0x1000, 7),
+        ])
+        .expect("send");
+        for _ in 0..3 {
+            match tokio::time::timeout(WAIT, srx.recv())
+                .await
+                .expect("in time")
+            {
+                Err(TransportError::MessageTooLarge { len, max, .. }) => {
+                    assert!(len > max, "{len} > {max}");
+                }
+                other => panic!("expected MessageTooLarge, got {other:?}"),
+            }
+        }
+        let mut fins = Vec::new();
+        for _ in 0..3 {
+            fins.push(peer.recv_kind(FIN, WAIT).await.expect("FIN").id);
+        }
+        fins.sort();
+        assert_eq!(fins, [1, 2, 3]);
+        let d = metrics.snapshot() - before;
+        assert_eq!(d.registrations, 0, "nothing registered for them: {d:?}");
+
+        // An address range that wraps: a protocol violation that fails this connection.
+        peer.send(&[wire::rts(4, 8192, u64::MAX - 100, 7)])
+            .expect("send");
+        let e = tokio::time::timeout(WAIT, srx.recv())
+            .await
+            .expect("in time")
+            .expect_err("the connection fails");
+        assert!(
+            matches!(violation(&e), ProtocolViolation::AddressWraps { .. }),
+            "{e}"
+        );
+        println!("hostile_lengths: {e}");
+        still_serving(&verbs, &mut l, addr).await;
+    });
+}
+
+#[test]
+fn an_rts_flood_is_a_typed_error_and_memory_stays_bounded() {
+    let Some(ip) = common::listen_addr_or_skip("hostile_rts_flood") else {
+        return;
+    };
+    common::run(async move {
+        let cfg = VerbsConfig {
+            max_rendezvous_in: 4,
+            max_rendezvous_in_bytes: 8 << 20,
+            ..VerbsConfig::default()
+        };
+        let (verbs, mut l, addr) = server(cfg, ip).await;
+        let (mut peer, conn) = handshake(&mut l, addr).await;
+        let metrics = conn.metrics();
+        let before = metrics.snapshot();
+        let (_stx, mut srx) = conn.split();
+
+        // 40 announcements of 1 MiB in one doorbell, readable for real through windows.
+        let src = peer.payload(1 << 20, 0x5a).expect("payload");
+        let mut msgs = Vec::new();
+        for id in 0..40 {
+            let (a, k) = peer.expose(id, &src).expect("expose");
+            msgs.push(wire::rts(id, 1 << 20, a, k));
+        }
+        peer.send(&msgs).expect("send");
+        let start = Instant::now();
+        let e = loop {
+            match tokio::time::timeout(WAIT, srx.recv())
+                .await
+                .expect("in time")
+            {
+                Ok(Some(m)) => assert_eq!(m.payload.len(), 1 << 20),
+                Ok(None) => panic!("a clean end after a flood"),
+                Err(e) => break e,
+            }
+        };
+        assert!(
+            matches!(
+                violation(&e),
+                ProtocolViolation::RendezvousLimit { max_count: 4, .. }
+            ),
+            "{e}"
+        );
+        let d = metrics.snapshot() - before;
+        // At most the announced four targets were ever allocated, and far less than the 40 MiB
+        // announced was read.
+        assert!(d.registrations <= 4, "{d:?}");
+        assert!(d.bytes_received < 5 << 20, "{d:?}");
+        println!(
+            "hostile_rts_flood: failed after {:?} with: {e}; registrations {}, bytes read {}",
+            start.elapsed(),
+            d.registrations,
+            d.bytes_received
+        );
+        still_serving(&verbs, &mut l, addr).await;
+    });
+}
+
+#[test]
+fn a_peer_that_never_sends_hello_times_out() {
+    let Some(ip) = common::listen_addr_or_skip("hostile_no_hello") else {
+        return;
+    };
+    common::run(async move {
+        let cfg = VerbsConfig {
+            handshake_timeout: Duration::from_secs(1),
+            ..VerbsConfig::default()
+        };
+        let (verbs, mut l, addr) = server(cfg, ip).await;
+        let _peer = RawPeer::connect(addr, VerbsConfig::default())
+            .await
+            .expect("raw connect");
+        let conn = accept(&mut l).await;
+        let start = Instant::now();
+        let (mut stx, mut srx) = conn.split();
+        // A send is taken (queued), then fails with the cause once the limit passes.
+        stx.send(Message::new(HeaderBytes::EMPTY, Bytes::from_static(b"x")))
+            .await
+            .expect("queued");
+        let e = tokio::time::timeout(WAIT, srx.recv())
+            .await
+            .expect("a bounded wait")
+            .expect_err("the connection fails");
+        let waited = start.elapsed();
+        match e.backend_error::<VerbsError>() {
+            Some(VerbsError::Timeout { what, after }) => {
+                assert!(what.contains("HELLO"), "{what}");
+                assert_eq!(*after, Duration::from_secs(1));
+            }
+            _ => panic!("expected a handshake timeout, got {e:?}"),
+        }
+        assert!(waited < Duration::from_secs(10), "{waited:?}");
+        let later = stx
+            .send(Message::new(HeaderBytes::EMPTY, Bytes::from_static(b"y")))
+            .await
+            .expect_err("later sends fail");
+        assert!(later.backend_error::<VerbsError>().is_some(), "{later:?}");
+        println!("hostile_no_hello: failed after {waited:?}: {e}");
+        still_serving(&verbs, &mut l, addr).await;
+    });
+}
+
+#[test]
+fn a_peer_that_never_sends_fin_times_out() {
+    let Some(ip) = common::listen_addr_or_skip("hostile_no_fin") else {
+        return;
+    };
+    common::run(async move {
+        let cfg = VerbsConfig {
+            rendezvous_timeout: Duration::from_secs(2),
+            ..VerbsConfig::default()
+        };
+        let (verbs, mut l, addr) = server(cfg, ip).await;
+        let (mut peer, conn) = handshake(&mut l, addr).await;
+        let (mut stx, mut srx) = conn.split();
+        stx.send(Message::new(
+            HeaderBytes::from(*b"big"),
+            Bytes::from(vec![1u8; 1 << 20]),
+        ))
+        .await
+        .expect("queued");
+        let rts = peer.recv_kind(RTS, WAIT).await.expect("RTS");
+        assert_eq!(rts.len, 1 << 20);
+        let start = Instant::now();
+        // The peer never reads nor acknowledges: the payload is not pinned forever.
+        let e = tokio::time::timeout(WAIT, srx.recv())
+            .await
+            .expect("a bounded wait")
+            .expect_err("the connection fails");
+        match e.backend_error::<VerbsError>() {
+            Some(VerbsError::Timeout { what, after }) => {
+                assert!(what.contains("FIN"), "{what}");
+                assert_eq!(*after, Duration::from_secs(2));
+            }
+            _ => panic!("expected a rendezvous timeout, got {e:?}"),
+        }
+        println!("hostile_no_fin: failed after {:?}: {e}", start.elapsed());
+        still_serving(&verbs, &mut l, addr).await;
+    });
+}
+
+#[test]
+fn a_stale_rkey_after_fin_fails_with_a_remote_access_error() {
+    let Some(ip) = common::listen_addr_or_skip("hostile_stale_rkey") else {
+        return;
+    };
+    common::run(async move {
+        let (verbs, mut l, addr) = server(VerbsConfig::default(), ip).await;
+        let (mut peer, conn) = handshake(&mut l, addr).await;
+        let (mut stx, mut srx) = conn.split();
+        let pattern: Vec<u8> = (0..256 << 10).map(|i| (i % 251) as u8).collect();
+        stx.send(Message::new(
+            HeaderBytes::from(*b"big"),
+            Bytes::from(pattern.clone()),
+        ))
+        .await
+        .expect("send");
+        let rts = peer.recv_kind(RTS, WAIT).await.expect("RTS");
+        // While the transfer is outstanding, the announced window reads the payload.
+        let got = peer
+            .read(rts.addr, rts.rkey, rts.len as usize, WAIT)
+            .await
+            .expect("read completes")
+            .expect("READ allowed while outstanding");
+        assert!(got == pattern, "the payload, byte-exact");
+        // FIN, then a message whose reply proves the server processed the FIN: the window's
+        // invalidation is posted before that reply on the same send queue.
+        peer.send(&[wire::fin(rts.id, 2), wire::eager(b"p", b"ping")])
+            .expect("send");
+        let ping = tokio::time::timeout(WAIT, srx.recv())
+            .await
+            .expect("in time")
+            .expect("recv")
+            .expect("open");
+        assert_eq!(&ping.payload[..], b"ping");
+        stx.send(Message::new(
+            HeaderBytes::from(*b"q"),
+            Bytes::from_static(b"pong"),
+        ))
+        .await
+        .expect("send");
+        let pong = peer.recv_kind(EAGER, WAIT).await.expect("pong");
+        assert_eq!(pong.payload, b"pong");
+        // The same rkey after FIN: refused by the device.
+        let stale = peer
+            .read(rts.addr, rts.rkey, 4096, WAIT)
+            .await
+            .expect("read completes");
+        assert_eq!(stale, Err(WcStatus::RemoteAccess), "stale rkey after FIN");
+        println!("hostile_stale_rkey: READ after FIN failed with {stale:?}");
+        still_serving(&verbs, &mut l, addr).await;
+    });
+}
+
+#[test]
+fn another_connection_cannot_read_with_a_leaked_rkey() {
+    let Some(ip) = common::listen_addr_or_skip("hostile_leaked_rkey") else {
+        return;
+    };
+    common::run(async move {
+        let (verbs, mut l, addr) = server(VerbsConfig::default(), ip).await;
+        let (mut owner, conn) = handshake(&mut l, addr).await;
+        let (mut thief, _conn2) = handshake(&mut l, addr).await;
+        let (mut stx, _srx) = conn.split();
+        let pattern = vec![0xc3u8; 128 << 10];
+        stx.send(Message::new(
+            HeaderBytes::from(*b"big"),
+            Bytes::from(pattern.clone()),
+        ))
+        .await
+        .expect("send");
+        let rts = owner.recv_kind(RTS, WAIT).await.expect("RTS");
+        // The window is bound to the first connection's queue pair: through the second one,
+        // the same address and rkey are refused, while the transfer is outstanding.
+        let stolen = thief
+            .read(rts.addr, rts.rkey, rts.len as usize, WAIT)
+            .await
+            .expect("read completes");
+        assert_eq!(stolen, Err(WcStatus::RemoteAccess), "leaked rkey");
+        let got = owner
+            .read(rts.addr, rts.rkey, rts.len as usize, WAIT)
+            .await
+            .expect("read completes")
+            .expect("the owner's READ is allowed");
+        assert!(got == pattern);
+        owner.send(&[wire::fin(rts.id, 2)]).expect("FIN");
+        println!("hostile_leaked_rkey: READ through another connection failed with {stolen:?}");
+        still_serving(&verbs, &mut l, addr).await;
+    });
+}
