@@ -221,6 +221,8 @@ pub(crate) fn start(
         failed: None,
         peer_disconnected: false,
         completions: Vec::new(),
+        timer: Box::pin(tokio::time::sleep(std::time::Duration::ZERO)),
+        timer_at: None,
     };
     tokio::spawn(driver.run());
     Ok(VerbsConnection {
@@ -254,6 +256,9 @@ struct Driver {
     failed: Option<Fail>,
     peer_disconnected: bool,
     completions: Vec<Completion<PoolBuf>>,
+    /// Sleeps until the engine's next deadline (`timer_at`).
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    timer_at: Option<Instant>,
 }
 
 enum Wake {
@@ -312,10 +317,15 @@ impl Driver {
                 }
             }
             let take_cmds = self.cmd_open && self.engine.queued() < OUTQ_MAX;
-            let deadline = self
-                .engine
-                .poll_timeout()
-                .map(tokio::time::Instant::from_std);
+            // One timer, moved only when the engine's deadline moves (not one per wake).
+            let deadline = self.engine.poll_timeout();
+            if deadline != self.timer_at {
+                if let Some(d) = deadline {
+                    self.timer.as_mut().reset(tokio::time::Instant::from_std(d));
+                }
+                self.timer_at = deadline;
+            }
+            let watch_app = self.engine.waiting_for_app();
             let shared = self.shared.clone();
             let cq_fd = self.cq_fd.as_ref().expect("fd lives until teardown");
             let wake = tokio::select! {
@@ -327,8 +337,8 @@ impl Driver {
                 m = self.cm_rx.recv() => Wake::Cm(m),
                 c = self.cmd_rx.recv(), if take_cmds => Wake::Cmd(c),
                 _ = tokio::task::yield_now(), if busy => Wake::Other,
-                _ = sleep_until(deadline), if deadline.is_some() => Wake::Other,
-                _ = shared.drained.notified() => Wake::Other,
+                _ = self.timer.as_mut(), if deadline.is_some() => Wake::Other,
+                _ = shared.drained.notified(), if watch_app => Wake::Other,
             };
             match wake {
                 Wake::Cq => {
@@ -447,27 +457,34 @@ impl Driver {
             Err(e) => return Err(device_fail("ibv_poll_cq", &self.device, e)),
         };
         self.metrics.completions.add(n as u64);
-        let now = Instant::now();
         let mut result = Ok(());
         for c in comps.drain(..) {
             if result.is_ok() {
-                result = self.on_completion(now, c);
+                result = self.on_completion(c);
             }
         }
         self.completions = comps;
         result?;
-        self.step(now)?;
+        self.step()?;
         Ok(n)
     }
 
     /// The engine acts: deadlines, the application's backlog, deliveries, work to post.
-    fn step(&mut self, now: Instant) -> Result<(), Fail> {
+    fn step(&mut self) -> Result<(), Fail> {
         let backlog = self.shared.backlog.load(Ordering::Acquire);
         let bytes = self.shared.backlog_bytes.load(Ordering::Acquire);
         self.engine.set_backlog(backlog, bytes);
-        self.engine.handle_timeout(now).map_err(Fail::verbs)?;
+        if self.timer_at.is_some() && self.timer.is_elapsed() {
+            self.engine
+                .handle_timeout(Instant::now())
+                .map_err(Fail::verbs)?;
+        }
         self.deliver_ready();
-        self.pump_out(now)?;
+        self.pump_out()?;
+        // The clock is read only when this step armed a deadline (a FIN, the first RTS).
+        if self.engine.needs_clock() {
+            self.engine.clock(Instant::now());
+        }
         if self.engine.close_sent() {
             for a in self.close_acks.drain(..) {
                 let _ = a.send(());
@@ -479,14 +496,14 @@ impl Driver {
         Ok(())
     }
 
-    fn on_completion(&mut self, now: Instant, c: Completion<PoolBuf>) -> Result<(), Fail> {
+    fn on_completion(&mut self, c: Completion<PoolBuf>) -> Result<(), Fail> {
         match c {
             Completion::Recv { buf, len, status } => {
                 if let Err(e) = status {
                     return Err(self.wc_fail(WorkRequestKind::Receive, e));
                 }
                 let r = Received { buf, len };
-                let buf = match self.engine.on_recv(now, r) {
+                let buf = match self.engine.on_recv(r) {
                     Ok(Some(r)) => r.buf,
                     // Handed over to the application: a fresh buffer takes its place.
                     Ok(None) => self
@@ -510,12 +527,12 @@ impl Driver {
                     }
                     return Err(wc(WorkRequestKind::RdmaRead, e));
                 }
-                self.engine.on_read_done(now, tag, len);
+                self.engine.on_read_done(tag, len);
                 Ok(())
             }
             Completion::Sent { status, kind } => match status {
                 Ok(()) => {
-                    self.engine.on_activity(now);
+                    self.engine.on_activity();
                     Ok(())
                 }
                 Err(e) => Err(self.wc_fail(kind, e)),
@@ -568,9 +585,9 @@ impl Driver {
     }
 
     /// Posts what the engine asks for while the send queue has room; one doorbell for all.
-    fn pump_out(&mut self, now: Instant) -> Result<(), Fail> {
+    fn pump_out(&mut self) -> Result<(), Fail> {
         while self.ep().sq_room() >= MAX_WRS_PER_WORK {
-            let Some(w) = self.engine.poll_work(now) else {
+            let Some(w) = self.engine.poll_work() else {
                 break;
             };
             self.post(w)?;
@@ -724,13 +741,6 @@ impl Driver {
             }
             Err(_) => work(),
         }
-    }
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
     }
 }
 

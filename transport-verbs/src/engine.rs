@@ -6,7 +6,8 @@
 //! - inputs: [`Engine::send`] / [`Engine::close`] (the application), [`Engine::on_recv`] (a
 //!   received message), [`Engine::on_read_done`] (an RDMA READ finished),
 //!   [`Engine::on_activity`] (any other completion), [`Engine::set_backlog`] (what the
-//!   application has not taken yet), [`Engine::handle_timeout`] (time passed);
+//!   application has not taken yet), [`Engine::clock`] and [`Engine::handle_timeout`] (time:
+//!   the clock is read only when a step armed a deadline, never per message);
 //! - outputs: [`Engine::poll_work`] (work requests to post: control messages, eager messages,
 //!   RTS, memory-window invalidations, RDMA READs), [`Engine::poll_delivery`] (messages for the
 //!   application, in order), [`Engine::poll_timeout`] (when to call back).
@@ -187,6 +188,35 @@ impl Delivery {
     }
 }
 
+/// A deadline: off, armed at a time the engine does not know yet (the glue reads the clock
+/// once, after the step that armed it: see [`Engine::needs_clock`]), or at a known instant.
+/// Reading the clock per message would cost a system call on some machines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deadline {
+    Off,
+    Pending,
+    At(Instant),
+}
+
+impl Deadline {
+    fn resolve(&mut self, now: Instant, after: Duration) {
+        if *self == Deadline::Pending {
+            *self = Deadline::At(now + after);
+        }
+    }
+
+    fn at(self) -> Option<Instant> {
+        match self {
+            Deadline::At(t) => Some(t),
+            Deadline::Off | Deadline::Pending => None,
+        }
+    }
+
+    fn passed(self, now: Instant) -> bool {
+        self.at().is_some_and(|t| now >= t)
+    }
+}
+
 /// What the peer announced in its HELLO.
 #[derive(Debug, Clone, Copy)]
 struct Peer {
@@ -255,7 +285,7 @@ pub(crate) struct Engine<P> {
     rndv_out: HashMap<u32, u64>,
     rndv_out_bytes: u64,
     next_rndv: u32,
-    rndv_deadline: Option<Instant>,
+    rndv_deadline: Deadline,
     close_sent: bool,
 
     // Receiving.
@@ -278,7 +308,7 @@ pub(crate) struct Engine<P> {
     next_tag: u64,
 
     // Teardown.
-    linger_deadline: Option<Instant>,
+    linger_deadline: Deadline,
     linger_expired: bool,
 }
 
@@ -308,7 +338,7 @@ impl<P> Engine<P> {
             rndv_out: HashMap::new(),
             rndv_out_bytes: 0,
             next_rndv: 0,
-            rndv_deadline: None,
+            rndv_deadline: Deadline::Off,
             close_sent: false,
             peer_closed: false,
             receiver_gone: false,
@@ -322,7 +352,7 @@ impl<P> Engine<P> {
             rndv_in_bytes: 0,
             target_bytes: 0,
             next_tag: 0,
-            linger_deadline: None,
+            linger_deadline: Deadline::Off,
             linger_expired: false,
         }
     }
@@ -377,8 +407,8 @@ impl<P> Engine<P> {
         if !self.receiver_gone {
             self.receiver_gone();
         }
-        if self.linger_deadline.is_none() {
-            self.linger_deadline = Some(now + self.cfg.linger);
+        if self.linger_deadline == Deadline::Off {
+            self.linger_deadline = Deadline::At(now + self.cfg.linger);
         }
     }
 
@@ -395,25 +425,32 @@ impl<P> Engine<P> {
     }
 
     /// A completion other than a receive or a READ (a send finished): progress for linger.
-    pub(crate) fn on_activity(&mut self, now: Instant) {
-        if let Some(d) = self.linger_deadline.as_mut() {
-            *d = now + self.cfg.linger;
+    pub(crate) fn on_activity(&mut self) {
+        if self.linger_deadline != Deadline::Off {
+            self.linger_deadline = Deadline::Pending;
         }
+    }
+
+    /// Whether a deadline was armed without a time: call [`Engine::clock`] after this step.
+    pub(crate) fn needs_clock(&self) -> bool {
+        self.rndv_deadline == Deadline::Pending || self.linger_deadline == Deadline::Pending
+    }
+
+    /// The time now: deadlines armed since the last call count from it.
+    pub(crate) fn clock(&mut self, now: Instant) {
+        self.rndv_deadline.resolve(now, self.cfg.rendezvous_timeout);
+        self.linger_deadline.resolve(now, self.cfg.linger);
     }
 
     /// A message arrived in a posted receive buffer. Returns the buffer to re-post, or `None`
     /// when its payload was handed over (post a fresh buffer in its place). Either way the
     /// buffer's credit is accounted for: the glue must post one buffer per call.
-    pub(crate) fn on_recv<B: RecvBuf>(
-        &mut self,
-        now: Instant,
-        buf: B,
-    ) -> Result<Option<B>, VerbsError> {
+    pub(crate) fn on_recv<B: RecvBuf>(&mut self, buf: B) -> Result<Option<B>, VerbsError> {
         if self.failed {
             return Err(ProtocolViolation::AfterClose { kind: "any" }.into());
         }
-        self.on_activity(now);
-        match self.recv_inner(now, buf) {
+        self.on_activity();
+        match self.recv_inner(buf) {
             Ok(b) => Ok(b),
             Err(v) => {
                 self.failed = true;
@@ -422,11 +459,7 @@ impl<P> Engine<P> {
         }
     }
 
-    fn recv_inner<B: RecvBuf>(
-        &mut self,
-        now: Instant,
-        buf: B,
-    ) -> Result<Option<B>, ProtocolViolation> {
+    fn recv_inner<B: RecvBuf>(&mut self, buf: B) -> Result<Option<B>, ProtocolViolation> {
         let data_len = buf.bytes().len();
         let (th, header, off) = Th::decode(buf.bytes())?;
         if self.peer_credits == 0 {
@@ -562,10 +595,11 @@ impl<P> Engine<P> {
                 let len = self.rndv_out.remove(&th.id).expect("checked above");
                 self.rndv_out_bytes -= len;
                 self.unexpose.push_back(th.id);
+                // The peer made progress: the time limit counts again from now.
                 self.rndv_deadline = if self.rndv_out.is_empty() {
-                    None
+                    Deadline::Off
                 } else {
-                    Some(now + self.cfg.rendezvous_timeout)
+                    Deadline::Pending
                 };
             }
             Kind::Close => {
@@ -621,8 +655,8 @@ impl<P> Engine<P> {
     }
 
     /// An RDMA READ emitted by [`Engine::poll_work`] completed successfully.
-    pub(crate) fn on_read_done(&mut self, now: Instant, tag: u64, len: usize) {
-        self.on_activity(now);
+    pub(crate) fn on_read_done(&mut self, tag: u64, len: usize) {
+        self.on_activity();
         self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
         self.metrics.bytes_received.add(len as u64);
         let Some(x) = self.xfers.get_mut(&tag) else {
@@ -644,6 +678,8 @@ impl<P> Engine<P> {
             len: x.len,
         };
         if self.receiver_gone {
+            // Nobody takes it: delivered at once so the glue releases the target.
+            self.push_ready(delivery);
             return;
         }
         if let Some(slot) = self
@@ -661,6 +697,7 @@ impl<P> Engine<P> {
         if self.failed {
             return Ok(());
         }
+        self.clock(now);
         if self.peer.is_none() && now >= self.hello_deadline {
             self.failed = true;
             return Err(VerbsError::Timeout {
@@ -668,14 +705,14 @@ impl<P> Engine<P> {
                 after: self.cfg.handshake_timeout,
             });
         }
-        if self.rndv_deadline.is_some_and(|d| now >= d) {
+        if self.rndv_deadline.passed(now) {
             self.failed = true;
             return Err(VerbsError::Timeout {
                 what: "no FIN from the RDMA peer for an outstanding rendezvous",
                 after: self.cfg.rendezvous_timeout,
             });
         }
-        if self.linger_deadline.is_some_and(|d| now >= d) {
+        if self.linger_deadline.passed(now) {
             self.linger_expired = true;
         }
         Ok(())
@@ -685,7 +722,7 @@ impl<P> Engine<P> {
 
     /// The next work request to post, if credits, limits and the send queue allow. Call only
     /// with room for [`MAX_WRS_PER_WORK`] work requests.
-    pub(crate) fn poll_work(&mut self, now: Instant) -> Option<Work<P>> {
+    pub(crate) fn poll_work(&mut self) -> Option<Work<P>> {
         if self.failed {
             return None;
         }
@@ -717,7 +754,7 @@ impl<P> Engine<P> {
                 return Some(self.control(th));
             }
             self.note_credit_stall();
-        } else if let Some(w) = self.next_out(now, peer) {
+        } else if let Some(w) = self.next_out(peer) {
             return Some(w);
         }
         // Grant credits on their own when enough are owed and nothing carried them.
@@ -729,7 +766,7 @@ impl<P> Engine<P> {
         None
     }
 
-    fn next_out(&mut self, now: Instant, peer: Peer) -> Option<Work<P>> {
+    fn next_out(&mut self, peer: Peer) -> Option<Work<P>> {
         let need = match self.outq.front()? {
             Out::Close => 1,
             Out::Msg(_) => 2,
@@ -782,7 +819,7 @@ impl<P> Engine<P> {
                     self.next_rndv = id.wrapping_add(1);
                     th.id = id;
                     if self.rndv_out.is_empty() {
-                        self.rndv_deadline = Some(now + self.cfg.rendezvous_timeout);
+                        self.rndv_deadline = Deadline::Pending;
                     }
                     self.rndv_out.insert(id, m.len as u64);
                     self.rndv_out_bytes += m.len as u64;
@@ -882,7 +919,7 @@ impl<P> Engine<P> {
             return None;
         }
         let hello = self.peer.is_none().then_some(self.hello_deadline);
-        [hello, self.rndv_deadline, self.linger_deadline]
+        [hello, self.rndv_deadline.at(), self.linger_deadline.at()]
             .into_iter()
             .flatten()
             .min()

@@ -87,9 +87,9 @@ fn kind_of(w: &Work<Bytes>) -> &'static str {
     }
 }
 
-fn drain(e: &mut E, now: Instant) -> Vec<Work<Bytes>> {
+fn drain(e: &mut E) -> Vec<Work<Bytes>> {
     let mut v = Vec::new();
-    while let Some(w) = e.poll_work(now) {
+    while let Some(w) = e.poll_work() {
         v.push(w);
         assert!(v.len() < 10_000, "poll_work never ends");
     }
@@ -100,9 +100,9 @@ fn drain(e: &mut E, now: Instant) -> Vec<Work<Bytes>> {
 fn connected() -> (E, Instant) {
     let now = Instant::now();
     let mut e = E::new(cfg(), Arc::new(Metrics::default()), now);
-    let w = drain(&mut e, now);
+    let w = drain(&mut e);
     assert_eq!(w.iter().map(kind_of).collect::<Vec<_>>(), ["HELLO"]);
-    e.on_recv(now, encode(hello(DEPTH as u16 - 1), &[], &[]))
+    e.on_recv(encode(hello(DEPTH as u16 - 1), &[], &[]))
         .expect("valid HELLO");
     (e, now)
 }
@@ -121,7 +121,7 @@ fn violation(r: Result<Option<Buf>, VerbsError>) -> ProtocolViolation {
 fn hello_is_sent_first_and_announces_our_limits() {
     let now = Instant::now();
     let mut e = E::new(cfg(), Arc::new(Metrics::default()), now);
-    let Some(Work::Control(th)) = e.poll_work(now) else {
+    let Some(Work::Control(th)) = e.poll_work() else {
         panic!("HELLO first")
     };
     assert_eq!(th.kind, Kind::Hello);
@@ -136,28 +136,25 @@ fn hello_is_sent_first_and_announces_our_limits() {
         len: 3,
         payload: Bytes::from_static(b"abc"),
     });
-    assert!(e.poll_work(now).is_none());
+    assert!(e.poll_work().is_none());
 }
 
 #[test]
 fn a_malformed_message_is_a_violation() {
-    let (mut e, now) = connected();
+    let (mut e, _) = connected();
     assert_eq!(
-        violation(e.on_recv(now, Buf(vec![2; 10]))),
+        violation(e.on_recv(Buf(vec![2; 10]))),
         ProtocolViolation::ShortMessage { len: 10 }
     );
-    let (mut e, now) = connected();
+    let (mut e, _) = connected();
     let mut b = eager(b"xyz");
     b.0[0] = 42;
-    assert_eq!(
-        violation(e.on_recv(now, b)),
-        ProtocolViolation::UnknownKind(42)
-    );
-    let (mut e, now) = connected();
+    assert_eq!(violation(e.on_recv(b)), ProtocolViolation::UnknownKind(42));
+    let (mut e, _) = connected();
     let mut b = eager(b"xyz");
     b.0[8] = 9; // announces 9 bytes, carries 3
     assert_eq!(
-        violation(e.on_recv(now, b)),
+        violation(e.on_recv(b)),
         ProtocolViolation::EagerLength {
             announced: 9,
             carried: 3
@@ -170,16 +167,16 @@ fn a_message_before_hello_is_a_violation() {
     let now = Instant::now();
     let mut e = E::new(cfg(), Arc::new(Metrics::default()), now);
     assert_eq!(
-        violation(e.on_recv(now, eager(b"early"))),
+        violation(e.on_recv(eager(b"early"))),
         ProtocolViolation::BeforeHello { kind: "EAGER" }
     );
 }
 
 #[test]
 fn a_second_hello_is_a_violation() {
-    let (mut e, now) = connected();
+    let (mut e, _) = connected();
     assert_eq!(
-        violation(e.on_recv(now, encode(hello(0), &[], &[]))),
+        violation(e.on_recv(encode(hello(0), &[], &[]))),
         ProtocolViolation::DuplicateHello
     );
 }
@@ -191,7 +188,7 @@ fn hello_fields_are_checked() {
         let mut e = E::new(cfg(), Arc::new(Metrics::default()), now);
         let mut th = hello(1);
         edit(&mut th);
-        let v = violation(e.on_recv(now, encode(th, &[], &[])));
+        let v = violation(e.on_recv(encode(th, &[], &[])));
         assert!(want(&v), "{v:?}");
     };
     check(&|t| t.addr = 1, &|v| {
@@ -224,11 +221,11 @@ fn hello_fields_are_checked() {
 
 #[test]
 fn credits_beyond_the_peers_queue_are_a_violation_not_a_wrap() {
-    let (mut e, now) = connected();
+    let (mut e, _) = connected();
     // We hold DEPTH - 1 (or DEPTH) credits; one more grant of u16::MAX cannot fit.
     let mut th = Th::new(Kind::Credit);
     th.credits = u16::MAX;
-    let v = violation(e.on_recv(now, encode(th, &[], &[])));
+    let v = violation(e.on_recv(encode(th, &[], &[])));
     assert!(
         matches!(
             v,
@@ -241,32 +238,32 @@ fn credits_beyond_the_peers_queue_are_a_violation_not_a_wrap() {
         "{v:?}"
     );
     // Nothing was applied: the engine is failed and posts nothing more.
-    assert!(e.poll_work(now).is_none());
+    assert!(e.poll_work().is_none());
 }
 
 #[test]
 fn a_message_without_a_credit_is_a_violation() {
-    let (mut e, now) = connected();
+    let (mut e, _) = connected();
     // The peer holds DEPTH - 1 credits (our HELLO's grant); nothing we send returns more
     // here, because nothing is polled in between.
     for i in 0..DEPTH - 1 {
-        e.on_recv(now, eager(&[i as u8; 8]))
+        e.on_recv(eager(&[i as u8; 8]))
             .unwrap_or_else(|v| panic!("message {i} had a credit: {v}"));
     }
     assert_eq!(
-        violation(e.on_recv(now, eager(b"one too many"))),
+        violation(e.on_recv(eager(b"one too many"))),
         ProtocolViolation::NoCredit
     );
 }
 
 #[test]
 fn credits_come_back_and_the_accounting_balances() {
-    let (mut e, now) = connected();
+    let (mut e, _) = connected();
     for i in 0..DEPTH - 1 {
-        e.on_recv(now, eager(&[i as u8; 8])).expect("had a credit");
+        e.on_recv(eager(&[i as u8; 8])).expect("had a credit");
     }
     // Owed credits go back on their own (a CREDIT), and then the peer may send again.
-    let w = drain(&mut e, now);
+    let w = drain(&mut e);
     assert_eq!(w.iter().map(kind_of).collect::<Vec<_>>(), ["CREDIT"]);
     let (_, peer, owed, withheld) = e.credit_state();
     assert_eq!(
@@ -274,28 +271,27 @@ fn credits_come_back_and_the_accounting_balances() {
         DEPTH,
         "every buffer is accounted for"
     );
-    e.on_recv(now, eager(b"again")).expect("credit returned");
+    e.on_recv(eager(b"again")).expect("credit returned");
 }
 
 #[test]
 fn a_wrapping_rendezvous_address_is_a_violation() {
-    let (mut e, now) = connected();
+    let (mut e, _) = connected();
     assert_eq!(
-        violation(e.on_recv(now, rts(1, 8192, u64::MAX - 100))),
+        violation(e.on_recv(rts(1, 8192, u64::MAX - 100))),
         ProtocolViolation::AddressWraps {
             addr: u64::MAX - 100,
             len: 8192
         }
     );
-    assert!(drain(&mut e, now).is_empty(), "no READ was queued");
+    assert!(drain(&mut e).is_empty(), "no READ was queued");
 }
 
 #[test]
 fn a_huge_or_wrapping_rendezvous_length_is_refused_without_reading() {
     for len in [u64::MAX, u64::MAX - 1, (1 << 20) + 1, 1 << 44] {
-        let (mut e, now) = connected();
-        e.on_recv(now, rts(5, len, 0x1000))
-            .expect("refused, not fatal");
+        let (mut e, _) = connected();
+        e.on_recv(rts(5, len, 0x1000)).expect("refused, not fatal");
         match e.poll_delivery() {
             Some(Delivery::TooLarge { len: l, max, .. }) => {
                 assert_eq!(max, 1 << 20);
@@ -303,7 +299,7 @@ fn a_huge_or_wrapping_rendezvous_length_is_refused_without_reading() {
             }
             other => panic!("expected TooLarge, got {other:?}"),
         }
-        let w = drain(&mut e, now);
+        let w = drain(&mut e);
         let kinds: Vec<_> = w.iter().map(kind_of).collect();
         assert_eq!(kinds, ["FIN"], "len {len}: FIN without READ");
         assert_eq!(e.held_bytes(), 0, "nothing allocated for it");
@@ -312,31 +308,31 @@ fn a_huge_or_wrapping_rendezvous_length_is_refused_without_reading() {
 
 #[test]
 fn an_empty_rendezvous_is_a_violation() {
-    let (mut e, now) = connected();
+    let (mut e, _) = connected();
     assert_eq!(
-        violation(e.on_recv(now, rts(1, 0, 0x1000))),
+        violation(e.on_recv(rts(1, 0, 0x1000))),
         ProtocolViolation::EmptyRendezvous
     );
 }
 
 #[test]
 fn a_duplicate_rendezvous_id_is_a_violation() {
-    let (mut e, now) = connected();
-    e.on_recv(now, rts(9, 8192, 0x1000)).expect("first");
+    let (mut e, _) = connected();
+    e.on_recv(rts(9, 8192, 0x1000)).expect("first");
     assert_eq!(
-        violation(e.on_recv(now, rts(9, 8192, 0x9000))),
+        violation(e.on_recv(rts(9, 8192, 0x9000))),
         ProtocolViolation::DuplicateRendezvous(9)
     );
 }
 
 #[test]
 fn rendezvous_beyond_the_announced_count_is_a_violation() {
-    let (mut e, now) = connected();
+    let (mut e, _) = connected();
     for id in 0..4 {
-        e.on_recv(now, rts(id, 4096, 0x10000 * (id as u64 + 1)))
+        e.on_recv(rts(id, 4096, 0x10000 * (id as u64 + 1)))
             .expect("within 4");
     }
-    let v = violation(e.on_recv(now, rts(4, 4096, 0x90000)));
+    let v = violation(e.on_recv(rts(4, 4096, 0x90000)));
     assert!(
         matches!(
             v,
@@ -352,18 +348,18 @@ fn rendezvous_beyond_the_announced_count_is_a_violation() {
 
 #[test]
 fn rendezvous_beyond_the_announced_bytes_is_a_violation_but_one_large_is_allowed() {
-    let (mut e, now) = connected();
+    let (mut e, _) = connected();
     // Nearly 1 MiB alone: allowed although above the 64 KiB budget.
-    e.on_recv(now, rts(0, (1 << 20) - 16, 0x10_0000))
+    e.on_recv(rts(0, (1 << 20) - 16, 0x10_0000))
         .expect("one alone");
-    let v = violation(e.on_recv(now, rts(1, 4096, 0x90_0000)));
+    let v = violation(e.on_recv(rts(1, 4096, 0x90_0000)));
     assert!(
         matches!(v, ProtocolViolation::RendezvousLimit { outstanding: 1, .. }),
         "{v:?}"
     );
-    let (mut e, now) = connected();
-    e.on_recv(now, rts(0, 40 << 10, 0x10_0000)).expect("40 KiB");
-    let v = violation(e.on_recv(now, rts(1, 30 << 10, 0x90_0000)));
+    let (mut e, _) = connected();
+    e.on_recv(rts(0, 40 << 10, 0x10_0000)).expect("40 KiB");
+    let v = violation(e.on_recv(rts(1, 30 << 10, 0x90_0000)));
     assert!(
         matches!(v, ProtocolViolation::RendezvousLimit { max_bytes, .. } if max_bytes == 64 << 10),
         "{v:?}"
@@ -372,23 +368,23 @@ fn rendezvous_beyond_the_announced_bytes_is_a_violation_but_one_large_is_allowed
 
 #[test]
 fn a_fin_for_nothing_outstanding_is_a_violation() {
-    let (mut e, now) = connected();
+    let (mut e, _) = connected();
     let mut th = Th::new(Kind::Fin);
     th.id = 3;
     assert_eq!(
-        violation(e.on_recv(now, encode(th, &[], &[]))),
+        violation(e.on_recv(encode(th, &[], &[]))),
         ProtocolViolation::UnknownFin(3)
     );
 }
 
 #[test]
 fn data_after_close_is_a_violation() {
-    let (mut e, now) = connected();
-    e.on_recv(now, encode(Th::new(Kind::Close), &[], &[]))
+    let (mut e, _) = connected();
+    e.on_recv(encode(Th::new(Kind::Close), &[], &[]))
         .expect("close");
     assert!(matches!(e.poll_delivery(), Some(Delivery::End)));
     assert_eq!(
-        violation(e.on_recv(now, eager(b"late"))),
+        violation(e.on_recv(eager(b"late"))),
         ProtocolViolation::AfterClose { kind: "EAGER" }
     );
 }
@@ -412,13 +408,13 @@ fn a_peer_that_never_says_hello_times_out() {
     assert_eq!(e.poll_timeout(), None);
 }
 
-fn send_rendezvous(e: &mut E, now: Instant, len: usize) -> u32 {
+fn send_rendezvous(e: &mut E, len: usize) -> u32 {
     e.send(OutMsg {
         header: HeaderBytes::EMPTY,
         len,
         payload: Bytes::from(vec![1u8; len]),
     });
-    let w = drain(e, now);
+    let w = drain(e);
     match w.as_slice() {
         [Work::Rts { th, .. }] => th.id,
         other => panic!(
@@ -431,27 +427,33 @@ fn send_rendezvous(e: &mut E, now: Instant, len: usize) -> u32 {
 #[test]
 fn a_peer_that_never_sends_fin_times_out_and_pins_nothing_more() {
     let (mut e, now) = connected();
-    let first = send_rendezvous(&mut e, now, 8192);
+    let first = send_rendezvous(&mut e, 8192);
+    // Armed by the RTS; the time is read once, after the step.
+    assert!(e.needs_clock());
+    assert_eq!(e.poll_timeout(), None, "not before the clock is read");
+    e.clock(now);
+    assert!(!e.needs_clock());
     assert_eq!(e.poll_timeout(), Some(now + Duration::from_secs(30)));
     // The sender side caps exposed payloads at the peer's announced count (4).
     for _ in 1..4 {
-        send_rendezvous(&mut e, now, 8192);
+        send_rendezvous(&mut e, 8192);
     }
     e.send(OutMsg {
         header: HeaderBytes::EMPTY,
         len: 8192,
         payload: Bytes::from(vec![2u8; 8192]),
     });
-    assert!(drain(&mut e, now).is_empty(), "the fifth waits");
+    assert!(drain(&mut e).is_empty(), "the fifth waits");
     assert_eq!(e.rendezvous_counts().1, 4);
     // A FIN releases one (invalidation first) and lets the fifth go.
     let mut fin = Th::new(Kind::Fin);
     fin.id = first;
     let later = now + Duration::from_secs(20);
-    e.on_recv(later, encode(fin, &[], &[])).expect("fin");
-    let kinds: Vec<_> = drain(&mut e, later).iter().map(kind_of).collect();
+    e.on_recv(encode(fin, &[], &[])).expect("fin");
+    let kinds: Vec<_> = drain(&mut e).iter().map(kind_of).collect();
     assert_eq!(kinds, ["UNEXPOSE", "RTS"]);
     // The deadline restarts at each FIN; without another, the connection fails.
+    e.clock(later);
     assert_eq!(e.poll_timeout(), Some(later + Duration::from_secs(30)));
     match e.handle_timeout(later + Duration::from_secs(30)) {
         Err(VerbsError::Timeout { what, .. }) => assert!(what.contains("FIN"), "{what}"),
@@ -460,15 +462,31 @@ fn a_peer_that_never_sends_fin_times_out_and_pins_nothing_more() {
 }
 
 #[test]
+fn eager_traffic_never_needs_the_clock() {
+    let (mut e, _) = connected();
+    for i in 0..DEPTH - 1 {
+        e.on_recv(eager(&[i as u8; 100])).expect("eager");
+        e.send(OutMsg {
+            header: HeaderBytes::EMPTY,
+            len: 100,
+            payload: Bytes::from(vec![i as u8; 100]),
+        });
+        drain(&mut e);
+        assert!(!e.needs_clock(), "no deadline armed by eager messages");
+    }
+    assert_eq!(e.poll_timeout(), None);
+}
+
+#[test]
 fn a_rendezvous_target_is_allocated_only_when_its_read_is_posted() {
-    let (mut e, now) = connected();
+    let (mut e, _) = connected();
     // Four transfers of 8 KiB: READ window 2, chunk 4 KiB.
     for id in 0..4 {
-        e.on_recv(now, rts(id, 8192, 0x10_0000 * (id as u64 + 1)))
+        e.on_recv(rts(id, 8192, 0x10_0000 * (id as u64 + 1)))
             .expect("within limits");
     }
     assert_eq!(e.held_bytes(), 0, "nothing allocated on arrival");
-    let reads: Vec<ReadChunk> = drain(&mut e, now)
+    let reads: Vec<ReadChunk> = drain(&mut e)
         .into_iter()
         .filter_map(|w| match w {
             Work::Read(r) => Some(r),
@@ -483,9 +501,9 @@ fn a_rendezvous_target_is_allocated_only_when_its_read_is_posted() {
         (reads[0].remote_addr, reads[1].remote_addr),
         (0x10_0000, 0x10_0000 + 4096)
     );
-    e.on_read_done(now, reads[0].tag, 4096);
-    e.on_read_done(now, reads[1].tag, 4096);
-    let w = drain(&mut e, now);
+    e.on_read_done(reads[0].tag, 4096);
+    e.on_read_done(reads[1].tag, 4096);
+    let w = drain(&mut e);
     let kinds: Vec<_> = w.iter().map(kind_of).collect();
     assert_eq!(kinds, ["READ", "READ", "FIN"], "next transfer, then FIN");
     assert!(matches!(
@@ -495,15 +513,49 @@ fn a_rendezvous_target_is_allocated_only_when_its_read_is_posted() {
 }
 
 #[test]
+fn a_gone_receiver_reads_nothing_more_and_releases_every_target() {
+    let (mut e, _) = connected();
+    e.on_recv(rts(0, 8192, 0x10_0000)).expect("rts 0");
+    e.on_recv(rts(1, 8192, 0x20_0000)).expect("rts 1");
+    e.on_recv(eager(b"before")).expect("eager");
+    // The first transfer starts (window of two READs), the second has not.
+    let reads: Vec<ReadChunk> = drain(&mut e)
+        .into_iter()
+        .filter_map(|w| match w {
+            Work::Read(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reads.len(), 2);
+    assert!(reads.iter().all(|r| r.tag == reads[0].tag));
+    e.receiver_gone();
+    // The unstarted transfer is acknowledged without a READ.
+    let kinds: Vec<_> = drain(&mut e).iter().map(kind_of).collect();
+    assert_eq!(kinds, ["FIN"]);
+    assert!(e.poll_delivery().is_none(), "nothing queued for nobody");
+    // The started one finishes; its target comes back (for the glue to drop) and FIN goes.
+    e.on_read_done(reads[0].tag, 4096);
+    e.on_read_done(reads[1].tag, 4096);
+    match e.poll_delivery() {
+        Some(Delivery::Rendezvous { tag, len: 8192, .. }) => assert_eq!(tag, reads[0].tag),
+        other => panic!("expected the finished target back, got {other:?}"),
+    }
+    let kinds: Vec<_> = drain(&mut e).iter().map(kind_of).collect();
+    assert_eq!(kinds, ["FIN"]);
+    assert_eq!(e.held_bytes(), 0);
+    assert_eq!(e.rendezvous_counts(), (0, 0));
+}
+
+#[test]
 fn an_application_that_does_not_read_stops_credits_and_reads() {
-    let (mut e, now) = connected();
+    let (mut e, _) = connected();
     // The application holds 256 KiB (the budget) untaken.
     e.set_backlog(1, 256 << 10);
-    e.on_recv(now, rts(0, 8192, 0x10_0000)).expect("rts");
+    e.on_recv(rts(0, 8192, 0x10_0000)).expect("rts");
     for i in 0..4 {
-        e.on_recv(now, eager(&[i; 16])).expect("eager");
+        e.on_recv(eager(&[i; 16])).expect("eager");
     }
-    let w = drain(&mut e, now);
+    let w = drain(&mut e);
     assert!(
         w.is_empty(),
         "no READ, no CREDIT: {:?}",
@@ -515,17 +567,17 @@ fn an_application_that_does_not_read_stops_credits_and_reads() {
     assert!(e.waiting_for_app());
     // The application catches up: READ and credits resume.
     e.set_backlog(0, 0);
-    let kinds: Vec<_> = drain(&mut e, now).iter().map(kind_of).collect();
+    let kinds: Vec<_> = drain(&mut e).iter().map(kind_of).collect();
     assert_eq!(kinds, ["READ", "READ", "CREDIT"]);
 }
 
 #[test]
 fn a_large_eager_payload_is_handed_over_and_a_small_one_copied() {
-    let (mut e, now) = connected();
+    let (mut e, _) = connected();
     let big = vec![7u8; 2000];
-    assert!(e.on_recv(now, eager(&big)).expect("ok").is_none(), "kept");
+    assert!(e.on_recv(eager(&big)).expect("ok").is_none(), "kept");
     assert!(
-        e.on_recv(now, eager(b"tiny")).expect("ok").is_some(),
+        e.on_recv(eager(b"tiny")).expect("ok").is_some(),
         "re-posted"
     );
     match (e.poll_delivery(), e.poll_delivery()) {
@@ -586,9 +638,9 @@ impl Side {
 }
 
 /// Posts everything `from` wants to post; SENDs go to `to.inbox`, READs read `to.exposed`.
-fn pump(from: &mut Side, to: &mut Side, now: Instant) -> bool {
+fn pump(from: &mut Side, to: &mut Side) -> bool {
     let mut any = false;
-    while let Some(w) = from.e.poll_work(now) {
+    while let Some(w) = from.e.poll_work() {
         any = true;
         match w {
             Work::Control(th) => to.inbox.push_back(encode(th, &[], &[]).0),
@@ -634,7 +686,7 @@ fn pump(from: &mut Side, to: &mut Side, now: Instant) -> bool {
 }
 
 /// Delivers the next message on the wire to `s`.
-fn arrive(s: &mut Side, now: Instant) -> bool {
+fn arrive(s: &mut Side) -> bool {
     let Some(m) = s.inbox.pop_front() else {
         return false;
     };
@@ -643,8 +695,7 @@ fn arrive(s: &mut Side, now: Instant) -> bool {
         "receiver not ready: a SEND without a posted buffer"
     );
     s.posted -= 1;
-    s.e.on_recv(now, Buf(m))
-        .expect("an honest peer breaks no rule");
+    s.e.on_recv(Buf(m)).expect("an honest peer breaks no rule");
     s.posted += 1; // re-posted, or a fresh one in its place
     collect(s);
     true
@@ -670,11 +721,11 @@ fn collect(s: &mut Side) {
     s.e.set_backlog(s.app.len(), s.app_bytes);
 }
 
-fn complete_read(s: &mut Side, now: Instant) -> bool {
+fn complete_read(s: &mut Side) -> bool {
     let Some((tag, len)) = s.reads.pop_front() else {
         return false;
     };
-    s.e.on_read_done(now, tag, len);
+    s.e.on_read_done(tag, len);
     collect(s);
     true
 }
@@ -750,15 +801,15 @@ proptest! {
                     x.sent.push((header, p.clone()));
                     x.e.send(OutMsg { header, len, payload: p });
                 }
-                Step::Pump { .. } => { pump(x, y, now); }
-                Step::Arrive { .. } => { arrive(x, now); }
-                Step::ReadDone { .. } => { complete_read(x, now); }
+                Step::Pump { .. } => { pump(x, y); }
+                Step::Arrive { .. } => { arrive(x); }
+                Step::ReadDone { .. } => { complete_read(x); }
                 Step::Take { n, .. } => { take(x, n); }
             }
             prop_assert!(a.e.held_bytes() <= bound(&cfg()));
             prop_assert!(b.e.held_bytes() <= bound(&cfg()));
         }
-        quiesce(&mut a, &mut b, now);
+        quiesce(&mut a, &mut b);
         prop_assert_eq!(a.taken.len(), b.sent.len(), "everything B sent reached A");
         prop_assert_eq!(b.taken.len(), a.sent.len(), "everything A sent reached B");
         for (got, want) in a.taken.iter().zip(&b.sent) {
@@ -779,22 +830,22 @@ proptest! {
 }
 
 /// Runs both sides until nothing moves, the applications reading everything.
-fn quiesce(a: &mut Side, b: &mut Side, now: Instant) {
+fn quiesce(a: &mut Side, b: &mut Side) {
     let mut rounds = 0;
     loop {
         let mut any = false;
-        any |= pump(a, b, now);
-        any |= pump(b, a, now);
-        while arrive(a, now) {
+        any |= pump(a, b);
+        any |= pump(b, a);
+        while arrive(a) {
             any = true;
         }
-        while arrive(b, now) {
+        while arrive(b) {
             any = true;
         }
-        while complete_read(a, now) {
+        while complete_read(a) {
             any = true;
         }
-        while complete_read(b, now) {
+        while complete_read(b) {
             any = true;
         }
         any |= take(a, usize::MAX);
@@ -814,7 +865,7 @@ fn both_sides_sending_bursts_at_once_deliver_everything() {
     let now = Instant::now();
     let mut a = Side::new(now, cfg());
     let mut b = Side::new(now, cfg());
-    quiesce(&mut a, &mut b, now); // HELLOs
+    quiesce(&mut a, &mut b); // HELLOs
     for (x, seed) in [(&mut a, 1u8), (&mut b, 2u8)] {
         for i in 0..3 * DEPTH as usize {
             let header = HeaderBytes::new(&[seed, i as u8]).expect("2 bytes");
@@ -827,9 +878,9 @@ fn both_sides_sending_bursts_at_once_deliver_everything() {
             });
         }
     }
-    pump(&mut a, &mut b, now);
-    pump(&mut b, &mut a, now);
-    quiesce(&mut a, &mut b, now);
+    pump(&mut a, &mut b);
+    pump(&mut b, &mut a);
+    quiesce(&mut a, &mut b);
     assert_eq!(a.taken, b.sent, "everything B sent reached A, in order");
     assert_eq!(b.taken, a.sent, "everything A sent reached B, in order");
 }
@@ -951,11 +1002,11 @@ proptest! {
                         let rkey = u32::from_le_bytes([m[24], m[25], m[26], m[27]]);
                         announced.push((rkey, addr, len));
                     }
-                    e.on_recv(now, Buf(m)).map(|_| ())
+                    e.on_recv(Buf(m)).map(|_| ())
                 }
-                Hostile::Hello => e.on_recv(now, encode(hello(DEPTH as u16 - 1), &[], &[])).map(|_| ()),
+                Hostile::Hello => e.on_recv(encode(hello(DEPTH as u16 - 1), &[], &[])).map(|_| ()),
                 Hostile::Pump => {
-                    while let Some(w) = e.poll_work(now) {
+                    while let Some(w) = e.poll_work() {
                         prop_assert!(!failed, "work after a failure");
                         if let Work::Read(r) = w {
                             if let Some(n) = r.alloc {
@@ -976,7 +1027,7 @@ proptest! {
                 }
                 Hostile::ReadDone => {
                     if let Some((tag, len)) = reads.pop_front() {
-                        e.on_read_done(now, tag, len);
+                        e.on_read_done(tag, len);
                     }
                     Ok(())
                 }
@@ -993,6 +1044,10 @@ proptest! {
             if r.is_err() {
                 failed = true;
             }
+            // As the glue does after every step.
+            if e.needs_clock() {
+                e.clock(now);
+            }
             while let Some(d) = e.poll_delivery() {
                 let n = match d {
                     Delivery::Msg(m) => m.payload.len() as u64,
@@ -1008,7 +1063,7 @@ proptest! {
             let held = e.held_bytes() + app.iter().sum::<u64>();
             prop_assert!(held <= bound(&c), "held {held} > bound {}", bound(&c));
             if failed {
-                prop_assert!(e.poll_work(now).is_none(), "a failed engine posts nothing");
+                prop_assert!(e.poll_work().is_none(), "a failed engine posts nothing");
             }
         }
     }
