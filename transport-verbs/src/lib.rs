@@ -130,6 +130,14 @@
 //! The tests in `tests/hostile.rs` (run in the soft-RoCE guest) check each of these with a peer
 //! that speaks the wire format by hand (module `test_peer`, feature `test-peer`).
 //!
+//! Memory windows on soft-RoCE (`rdma_rxe`, Linux 6.1, rdma-core 44), verified by those tests:
+//! type-2 windows are allocated with `ibv_alloc_mw`, bound by an `IBV_WR_BIND_MW` work request
+//! (the memory region needs `IBV_ACCESS_MW_BIND`, the window gets `IBV_ACCESS_REMOTE_READ`) and
+//! invalidated by `IBV_WR_LOCAL_INV`, both in send-queue order with the messages around them; a
+//! READ through another queue pair, or after the invalidation, completes with
+//! `IBV_WC_REM_ACCESS_ERR`. The provider names a window by the key in its `ibv_mw`, which the
+//! application must update after each bind (rxe refuses the next bind otherwise).
+//!
 //! Memory registered with the NIC is never released while a work request may use it: the
 //! endpoint keeps the owner of every buffer a posted request touches until its completion, a
 //! window is invalidated or deallocated before the payload it exposed is released, and the
