@@ -128,11 +128,15 @@ async fn pump(ch: Arc<EventChannel>, fd: AsyncFd<ChannelFd<EventChannel>>) {
     drop(ch);
 }
 
-fn cm_err(op: &'static str, addr: &dyn std::fmt::Display, reason: impl ToString) -> TransportError {
+fn cm_err(
+    op: &'static str,
+    addr: &dyn std::fmt::Display,
+    source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> TransportError {
     crate::error::VerbsError::Cm {
         op,
         addr: addr.to_string(),
-        reason: reason.to_string(),
+        source: source.into(),
     }
     .into()
 }

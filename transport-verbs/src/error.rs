@@ -39,7 +39,7 @@ pub enum VerbsError {
     /// Registering memory with the device failed, typically because the locked-memory limit
     /// (`RLIMIT_MEMLOCK`) is too low.
     #[error(
-        "registering {len} bytes with RDMA device `{device}` failed ({reason}); \
+        "registering {len} bytes with RDMA device `{device}` failed ({source}); \
          locked-memory limit RLIMIT_MEMLOCK is {}: raise it (`ulimit -l unlimited`, or memlock \
          in /etc/security/limits.conf / LimitMEMLOCK= for systemd services)",
         match memlock_limit { Some(b) => format!("{b} bytes"), None => "unlimited".to_owned() }
@@ -52,20 +52,22 @@ pub enum VerbsError {
         /// The soft `RLIMIT_MEMLOCK` at the time, `None` for unlimited.
         memlock_limit: Option<u64>,
         /// What the device said.
-        reason: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The configuration cannot work.
     #[error("invalid verbs configuration: {0}")]
     Config(&'static str),
     /// Connection setup through rdma_cm failed.
-    #[error("rdma_cm {op} failed for {addr}: {reason}")]
+    #[error("rdma_cm {op} failed for {addr}: {source}")]
     Cm {
         /// The step ("resolve address", "connect", "accept", ...).
         op: &'static str,
         /// The address involved.
         addr: String,
         /// What went wrong.
-        reason: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The binding panicked (for example on a value it does not know); caught at the boundary.
     #[error("the verbs binding failed unexpectedly: {0}")]

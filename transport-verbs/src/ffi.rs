@@ -1002,9 +1002,7 @@ impl<B: LocalMemory> Endpoint<B> {
     pub(crate) fn set_error(&mut self) -> io::Result<()> {
         let mut attr = QueuePairAttribute::new();
         attr.setup_state(QueuePairState::Error);
-        self.qp
-            .modify(&attr)
-            .map_err(|e| io::Error::other(e.to_string()))
+        self.qp.modify(&attr).map_err(io::Error::other)
     }
 
     /// Applies a state transition during connection setup.

@@ -193,22 +193,24 @@ pub(crate) fn registration_error(
     len: usize,
     e: sideway::ibverbs::memory_region::RegisterMemoryRegionError,
 ) -> VerbsError {
-    let text = e.to_string();
-    let source = std::error::Error::source(&e).map(|s| s.to_string());
-    let os_enomem = source
-        .as_deref()
-        .is_some_and(|s| s.contains("Cannot allocate memory") || s.contains("os error 12"))
-        || text.contains("Cannot allocate memory");
+    use sideway::ibverbs::memory_region::RegisterMemoryRegionErrorKind as Kind;
     let limit = memlock_limit();
-    if os_enomem || limit.is_some() {
-        VerbsError::Registration {
-            device: device.to_owned(),
-            len,
-            memlock_limit: limit,
-            reason: source.unwrap_or(text),
+    match e.0 {
+        // ENOMEM from ibv_reg_mr is the locked-memory limit (or the machine's memory); any
+        // failure under a limit is reported with it.
+        Kind::Ibverbs(io) if io.raw_os_error() == Some(12) || limit.is_some() => {
+            VerbsError::Registration {
+                device: device.to_owned(),
+                len,
+                memlock_limit: limit,
+                source: Box::new(io),
+            }
         }
-    } else {
-        VerbsError::verbs("ibv_reg_mr", device, e)
+        other => VerbsError::verbs(
+            "ibv_reg_mr",
+            device,
+            sideway::ibverbs::memory_region::RegisterMemoryRegionError::from(other),
+        ),
     }
 }
 
