@@ -188,6 +188,19 @@ impl Delivery {
     }
 }
 
+/// The rendezvous limit, the same on both sides: one transfer of any size when none is
+/// outstanding, else at most `max_count` transfers and `max_bytes` bytes in all. The sender
+/// waits until its next one fits; a receiver that sees one that does not is facing a violation.
+fn rendezvous_fits(
+    outstanding: usize,
+    bytes: u64,
+    len: u64,
+    max_count: usize,
+    max_bytes: u64,
+) -> bool {
+    outstanding == 0 || (outstanding < max_count && bytes.saturating_add(len) <= max_bytes)
+}
+
 /// A deadline: off, armed at a time the engine does not know yet (the glue reads the clock
 /// once, after the step that armed it: see [`Engine::needs_clock`]), or at a known instant.
 /// Reading the clock per message would cost a system call on some machines.
@@ -300,8 +313,7 @@ pub(crate) struct Engine<P> {
     /// Transfers with READs left to post, in arrival order.
     read_queue: VecDeque<u64>,
     reads_in_flight: usize,
-    /// Admitted incoming transfers whose READs have not all completed, and their bytes.
-    rndv_in: u32,
+    /// Bytes of the admitted incoming transfers (`xfers`: READs not all completed).
     rndv_in_bytes: u64,
     /// Bytes of targets allocated for transfers not yet delivered.
     target_bytes: u64,
@@ -348,7 +360,6 @@ impl<P> Engine<P> {
             xfer_ids: HashSet::new(),
             read_queue: VecDeque::new(),
             reads_in_flight: 0,
-            rndv_in: 0,
             rndv_in_bytes: 0,
             target_bytes: 0,
             next_tag: 0,
@@ -390,7 +401,6 @@ impl<P> Engine<P> {
                 self.read_queue.push_back(tag);
             } else if let Some(x) = self.xfers.remove(&tag) {
                 self.xfer_ids.remove(&x.id);
-                self.rndv_in -= 1;
                 self.rndv_in_bytes -= x.len as u64;
                 self.fins.push_back(x.id);
             }
@@ -503,13 +513,17 @@ impl<P> Engine<P> {
                     return Err(ProtocolViolation::DuplicateRendezvous(th.id));
                 }
                 let max_bytes = self.cfg.announced_rndv_kib() as u64 * 1024;
-                let fits = self.rndv_in == 0
-                    || (self.rndv_in < self.cfg.max_rendezvous_in
-                        && self.rndv_in_bytes.saturating_add(th.len) <= max_bytes);
+                let fits = rendezvous_fits(
+                    self.xfers.len(),
+                    self.rndv_in_bytes,
+                    th.len,
+                    self.cfg.max_rendezvous_in as usize,
+                    max_bytes,
+                );
                 if !fits {
                     return Err(ProtocolViolation::RendezvousLimit {
                         len: th.len,
-                        outstanding: self.rndv_in,
+                        outstanding: self.xfers.len() as u32,
                         bytes: self.rndv_in_bytes,
                         max_count: self.cfg.max_rendezvous_in,
                         max_bytes,
@@ -585,7 +599,6 @@ impl<P> Engine<P> {
                         },
                     );
                     self.xfer_ids.insert(th.id);
-                    self.rndv_in += 1;
                     self.rndv_in_bytes += th.len;
                     self.read_queue.push_back(tag);
                     self.inbound.push_back(Inbound::Reading(tag));
@@ -668,7 +681,6 @@ impl<P> Engine<P> {
         }
         let x = self.xfers.remove(&tag).expect("present");
         self.xfer_ids.remove(&x.id);
-        self.rndv_in -= 1;
         self.rndv_in_bytes -= x.len as u64;
         self.target_bytes -= x.len as u64;
         self.fins.push_front(x.id);
@@ -736,12 +748,12 @@ impl<P> Engine<P> {
             if self.credits < 1 {
                 return None;
             }
-            let mut th = Th::new(Kind::Hello);
-            th.id = self.cfg.recv_depth;
-            th.len = self.cfg.recv_buf_size as u64;
-            th.addr = VERSION;
-            th.rkey = self.cfg.max_rendezvous_in;
-            th.aux = self.cfg.announced_rndv_kib();
+            let th = Th::hello(
+                self.cfg.recv_depth,
+                self.cfg.recv_buf_size as u64,
+                self.cfg.max_rendezvous_in,
+                self.cfg.announced_rndv_kib(),
+            );
             self.hello_sent = true;
             return Some(self.control(th));
         }
@@ -767,28 +779,29 @@ impl<P> Engine<P> {
     }
 
     fn next_out(&mut self, peer: Peer) -> Option<Work<P>> {
-        let need = match self.outq.front()? {
-            Out::Close => 1,
-            Out::Msg(_) => 2,
+        // Data needs two credits (the last is kept for a CREDIT or CLOSE); a message that does
+        // not fit the peer's receive buffer goes by rendezvous, within the peer's limits.
+        let (need, rndv_len) = match self.outq.front()? {
+            Out::Close => (1, None),
+            Out::Msg(m) => {
+                let whole = (TH_LEN + m.header.len() + m.len) as u64;
+                (2, (whole > peer.buf_size).then_some(m.len as u64))
+            }
         };
         if self.credits < need {
             self.note_credit_stall();
             return None;
         }
-        let rendezvous = match self.outq.front()? {
-            Out::Msg(m) => (TH_LEN + m.header.len() + m.len) as u64 > peer.buf_size,
-            Out::Close => false,
-        };
-        if rendezvous {
-            let Some(Out::Msg(m)) = self.outq.front() else {
-                unreachable!("checked above")
-            };
+        let rendezvous = rndv_len.is_some();
+        if let Some(len) = rndv_len {
             let cap = self.cfg.max_rendezvous_out.min(peer.rndv_count) as usize;
-            let len = m.len as u64;
-            let fits = self.rndv_out.is_empty()
-                || (self.rndv_out.len() < cap
-                    && self.rndv_out_bytes.saturating_add(len) <= peer.rndv_bytes);
-            if !fits {
+            if !rendezvous_fits(
+                self.rndv_out.len(),
+                self.rndv_out_bytes,
+                len,
+                cap,
+                peer.rndv_bytes,
+            ) {
                 if !self.rndv_stalled {
                     self.metrics.rendezvous_stalls.incr();
                     self.rndv_stalled = true;
@@ -1005,7 +1018,7 @@ impl<P> Engine<P> {
     /// Incoming transfers outstanding and outgoing payloads exposed.
     #[cfg(test)]
     pub(crate) fn rendezvous_counts(&self) -> (u32, usize) {
-        (self.rndv_in, self.rndv_out.len())
+        (self.xfers.len() as u32, self.rndv_out.len())
     }
 
     /// (credits we hold, credits the peer holds, owed, withheld).

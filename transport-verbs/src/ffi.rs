@@ -504,6 +504,8 @@ pub(crate) struct Endpoint<B: LocalMemory> {
     recv: Vec<Option<B>>,
     recv_free: Vec<usize>,
     staged: Vec<Staged>,
+    /// Window binds among `staged` (their keys are recorded after the post).
+    staged_binds: usize,
     sges: Vec<sys::ibv_sge>,
     staged_recv: Vec<(u64, sys::ibv_sge)>,
     wcs: Vec<sys::ibv_wc>,
@@ -538,6 +540,7 @@ impl<B: LocalMemory> Endpoint<B> {
             recv: (0..recv_depth).map(|_| None).collect(),
             recv_free: (0..recv_depth).rev().collect(),
             staged: Vec::new(),
+            staged_binds: 0,
             sges: Vec::new(),
             staged_recv: Vec::new(),
             wcs: Vec::with_capacity(32),
@@ -707,6 +710,7 @@ impl<B: LocalMemory> Endpoint<B> {
         };
         let rkey = window.rkey;
         self.push_sq(0, op, SqEntry::Bind);
+        self.staged_binds += 1;
         self.exposed.insert(id, Exposure { window, held });
         Ok((addr, rkey))
     }
@@ -851,15 +855,18 @@ impl<B: LocalMemory> Endpoint<B> {
                 unsafe { sys::ibv_post_send(self.qp.qp().as_ptr(), wrs.as_mut_ptr(), &mut bad) };
             // A type-2 window's new key is the application's to track: the provider names the
             // window by the key in `ibv_mw` (checked against the device's), so the next bind or
-            // invalidation must find the key this bind installs.
-            for s in &self.staged {
-                if let StagedOp::Bind { mw, rkey, .. } = s.op {
-                    // SAFETY: the window is alive (kept in `self.exposed`) and only this
-                    // endpoint uses it; the provider read the old key during the post above.
-                    unsafe { (*mw.0.as_ptr()).rkey = rkey };
+            // invalidation must find the key this bind installs. (Most batches hold no bind.)
+            if self.staged_binds > 0 {
+                for s in &self.staged {
+                    if let StagedOp::Bind { mw, rkey, .. } = s.op {
+                        // SAFETY: the window is alive (kept in `self.exposed`) and only this
+                        // endpoint uses it; the provider read the old key during the post.
+                        unsafe { (*mw.0.as_ptr()).rkey = rkey };
+                    }
                 }
             }
             self.staged.clear();
+            self.staged_binds = 0;
             self.sges.clear();
             doorbells += 1;
             if rc != 0 {

@@ -78,6 +78,19 @@ impl Th {
         }
     }
 
+    /// A HELLO: this side's receive queue (`depth` buffers of `buf_size` bytes) and the
+    /// rendezvous transfers (`count`, `kib` KiB) it accepts outstanding.
+    pub(crate) fn hello(depth: u32, buf_size: u64, count: u32, kib: u32) -> Th {
+        Th {
+            id: depth,
+            len: buf_size,
+            addr: VERSION,
+            rkey: count,
+            aux: kib,
+            ..Th::new(Kind::Hello)
+        }
+    }
+
     /// Writes the header and `header` into `out` (at least `TH_LEN + header.len()` bytes);
     /// returns the bytes written.
     pub(crate) fn encode(&self, header: &HeaderBytes, out: &mut [u8]) -> usize {

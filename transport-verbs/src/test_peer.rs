@@ -31,7 +31,8 @@ use crate::error::{VerbsError, WcStatus};
 use crate::ffi::{Completion, Endpoint, ReadSpec, SqLocal};
 use crate::pool::{Pool, PoolBuf};
 
-/// Builders of raw protocol messages (see the crate docs for the layout).
+/// Builders of raw protocol messages (see the crate docs for the layout), on the crate's own
+/// encoder and decoder.
 pub mod wire {
     use crate::proto::{Kind, Th, VERSION};
     use transport_core::HeaderBytes;
@@ -39,87 +40,56 @@ pub mod wire {
     /// The protocol version this crate speaks.
     pub const PROTOCOL_VERSION: u64 = VERSION;
 
-    /// Any message: the 32-byte header with these fields, then `header` and `payload`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn message(
-        kind: u8,
-        credits: u16,
-        id: u32,
-        len: u64,
-        addr: u64,
-        rkey: u32,
-        aux: u32,
-        header: &[u8],
-        payload: &[u8],
-    ) -> Vec<u8> {
-        let mut out = vec![0u8; 32];
-        out[0] = kind;
-        out[1] = header.len() as u8;
-        out[2..4].copy_from_slice(&credits.to_le_bytes());
-        out[4..8].copy_from_slice(&id.to_le_bytes());
-        out[8..16].copy_from_slice(&len.to_le_bytes());
-        out[16..24].copy_from_slice(&addr.to_le_bytes());
-        out[24..28].copy_from_slice(&rkey.to_le_bytes());
-        out[28..32].copy_from_slice(&aux.to_le_bytes());
-        out.extend_from_slice(header);
-        out.extend_from_slice(payload);
-        out
-    }
-
     /// A valid HELLO: receive queue `depth` buffers of `buf_size` bytes, `depth - 1` credits,
     /// rendezvous limits of `count` transfers and `kib` KiB.
     pub fn hello(depth: u32, buf_size: u64, count: u32, kib: u32) -> Vec<u8> {
-        let mut th = Th::new(Kind::Hello);
-        th.credits = (depth - 1) as u16;
-        th.id = depth;
-        th.len = buf_size;
-        th.addr = VERSION;
-        th.rkey = count;
-        th.aux = kib;
+        let th = Th {
+            credits: depth.saturating_sub(1).min(u16::MAX as u32) as u16,
+            ..Th::hello(depth, buf_size, count, kib)
+        };
         encode(th, &[], &[])
     }
 
     /// An eager message carrying `payload`.
     pub fn eager(header: &[u8], payload: &[u8]) -> Vec<u8> {
-        let mut th = Th::new(Kind::Eager);
-        th.len = payload.len() as u64;
+        let th = Th {
+            len: payload.len() as u64,
+            ..Th::new(Kind::Eager)
+        };
         encode(th, header, payload)
     }
 
     /// An RTS announcing `len` bytes at `addr` readable with `rkey`.
     pub fn rts(id: u32, len: u64, addr: u64, rkey: u32) -> Vec<u8> {
-        let mut th = Th::new(Kind::Rts);
-        th.id = id;
-        th.len = len;
-        th.addr = addr;
-        th.rkey = rkey;
+        let th = Th {
+            id,
+            len,
+            addr,
+            rkey,
+            ..Th::new(Kind::Rts)
+        };
         encode(th, &[], &[])
     }
 
     /// A FIN for rendezvous `id`, granting `credits`.
     pub fn fin(id: u32, credits: u16) -> Vec<u8> {
-        let mut th = Th::new(Kind::Fin);
-        th.id = id;
-        th.credits = credits;
-        encode(th, &[], &[])
-    }
-
-    /// A CREDIT granting `credits`.
-    pub fn credit(credits: u16) -> Vec<u8> {
-        let mut th = Th::new(Kind::Credit);
-        th.credits = credits;
+        let th = Th {
+            id,
+            credits,
+            ..Th::new(Kind::Fin)
+        };
         encode(th, &[], &[])
     }
 
     fn encode(th: Th, header: &[u8], payload: &[u8]) -> Vec<u8> {
         let h = HeaderBytes::new(header).unwrap_or(HeaderBytes::EMPTY);
-        let mut out = vec![0u8; 32 + h.len()];
+        let mut out = vec![0u8; crate::proto::TH_LEN + h.len()];
         th.encode(&h, &mut out);
         out.extend_from_slice(payload);
         out
     }
 
-    /// A received message, decoded field by field (no validation).
+    /// A received message, field by field.
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub struct Parsed {
         /// Kind byte (1 HELLO, 2 EAGER, 3 RTS, 4 FIN, 5 CREDIT, 6 CLOSE).
@@ -142,24 +112,19 @@ pub mod wire {
         pub payload: Vec<u8>,
     }
 
-    /// Splits a received message into its fields; `None` if shorter than 32 bytes.
+    /// Decodes a received message with the crate's decoder; `None` if it is malformed.
     pub fn parse(m: &[u8]) -> Option<Parsed> {
-        if m.len() < 32 {
-            return None;
-        }
-        let u32_at = |i: usize| u32::from_le_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
-        let u64_at = |i: usize| u64::from(u32_at(i)) | (u64::from(u32_at(i + 4)) << 32);
-        let hlen = (m[1] as usize).min(m.len() - 32);
+        let (th, header, off) = Th::decode(m).ok()?;
         Some(Parsed {
-            kind: m[0],
-            credits: u16::from_le_bytes([m[2], m[3]]),
-            id: u32_at(4),
-            len: u64_at(8),
-            addr: u64_at(16),
-            rkey: u32_at(24),
-            aux: u32_at(28),
-            header: m[32..32 + hlen].to_vec(),
-            payload: m[32 + hlen..].to_vec(),
+            kind: th.kind as u8,
+            credits: th.credits,
+            id: th.id,
+            len: th.len,
+            addr: th.addr,
+            rkey: th.rkey,
+            aux: th.aux,
+            header: header.as_slice().to_vec(),
+            payload: m[off..].to_vec(),
         })
     }
 }

@@ -68,13 +68,25 @@ async fn still_serving(verbs: &VerbsTransport, l: &mut VerbsListener, addr: Sock
     tx.send(Message::new(HeaderBytes::from(*b"ok"), payload.clone()))
         .await
         .expect("send");
-    let m = tokio::time::timeout(WAIT, srx.recv())
-        .await
-        .expect("in time")
-        .expect("recv")
-        .expect("open");
+    let m = within(srx.recv()).await.expect("recv").expect("open");
     assert_eq!(m.header.as_slice(), b"ok");
     assert!(m.payload == payload, "a large message arrives whole");
+}
+
+/// `f`, within `WAIT` (a bounded wait: a hang fails the test).
+async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, f).await.expect("in time")
+}
+
+/// `e` is the time limit `after` on what `missing` names.
+fn assert_timeout(e: &TransportError, missing: &str, after: Duration) {
+    match e.backend_error::<VerbsError>() {
+        Some(VerbsError::Timeout { what, after: a }) => {
+            assert!(what.contains(missing), "{what}");
+            assert_eq!(*a, after);
+        }
+        _ => panic!("expected a timeout on {missing}, got {e:?}"),
+    }
 }
 
 fn violation(e: &TransportError) -> &ProtocolViolation {
@@ -105,10 +117,7 @@ fn huge_or_wrapping_lengths_get_typed_errors_and_allocate_nothing() {
         ])
         .expect("send");
         for _ in 0..3 {
-            match tokio::time::timeout(WAIT, srx.recv())
-                .await
-                .expect("in time")
-            {
+            match within(srx.recv()).await {
                 Err(TransportError::MessageTooLarge { len, max, .. }) => {
                     assert!(len > max, "{len} > {max}");
                 }
@@ -127,10 +136,7 @@ fn huge_or_wrapping_lengths_get_typed_errors_and_allocate_nothing() {
         // An address range that wraps: a protocol violation that fails this connection.
         peer.send(&[wire::rts(4, 8192, u64::MAX - 100, 7)])
             .expect("send");
-        let e = tokio::time::timeout(WAIT, srx.recv())
-            .await
-            .expect("in time")
-            .expect_err("the connection fails");
+        let e = within(srx.recv()).await.expect_err("the connection fails");
         assert!(
             matches!(violation(&e), ProtocolViolation::AddressWraps { .. }),
             "{e}"
@@ -167,10 +173,7 @@ fn an_rts_flood_is_a_typed_error_and_memory_stays_bounded() {
         peer.send(&msgs).expect("send");
         let start = Instant::now();
         let e = loop {
-            match tokio::time::timeout(WAIT, srx.recv())
-                .await
-                .expect("in time")
-            {
+            match within(srx.recv()).await {
                 Ok(Some(m)) => assert_eq!(m.payload.len(), 1 << 20),
                 Ok(None) => panic!("a clean end after a flood"),
                 Err(e) => break e,
@@ -219,18 +222,9 @@ fn a_peer_that_never_sends_hello_times_out() {
         stx.send(Message::new(HeaderBytes::EMPTY, Bytes::from_static(b"x")))
             .await
             .expect("queued");
-        let e = tokio::time::timeout(WAIT, srx.recv())
-            .await
-            .expect("a bounded wait")
-            .expect_err("the connection fails");
+        let e = within(srx.recv()).await.expect_err("the connection fails");
         let waited = start.elapsed();
-        match e.backend_error::<VerbsError>() {
-            Some(VerbsError::Timeout { what, after }) => {
-                assert!(what.contains("HELLO"), "{what}");
-                assert_eq!(*after, Duration::from_secs(1));
-            }
-            _ => panic!("expected a handshake timeout, got {e:?}"),
-        }
+        assert_timeout(&e, "HELLO", Duration::from_secs(1));
         assert!(waited < Duration::from_secs(10), "{waited:?}");
         let later = stx
             .send(Message::new(HeaderBytes::EMPTY, Bytes::from_static(b"y")))
@@ -265,17 +259,8 @@ fn a_peer_that_never_sends_fin_times_out() {
         assert_eq!(rts.len, 1 << 20);
         let start = Instant::now();
         // The peer never reads nor acknowledges: the payload is not pinned forever.
-        let e = tokio::time::timeout(WAIT, srx.recv())
-            .await
-            .expect("a bounded wait")
-            .expect_err("the connection fails");
-        match e.backend_error::<VerbsError>() {
-            Some(VerbsError::Timeout { what, after }) => {
-                assert!(what.contains("FIN"), "{what}");
-                assert_eq!(*after, Duration::from_secs(2));
-            }
-            _ => panic!("expected a rendezvous timeout, got {e:?}"),
-        }
+        let e = within(srx.recv()).await.expect_err("the connection fails");
+        assert_timeout(&e, "FIN", Duration::from_secs(2));
         println!("hostile_no_fin: failed after {:?}: {e}", start.elapsed());
         still_serving(&verbs, &mut l, addr).await;
     });
@@ -309,11 +294,7 @@ fn a_stale_rkey_after_fin_fails_with_a_remote_access_error() {
         // invalidation is posted before that reply on the same send queue.
         peer.send(&[wire::fin(rts.id, 2), wire::eager(b"p", b"ping")])
             .expect("send");
-        let ping = tokio::time::timeout(WAIT, srx.recv())
-            .await
-            .expect("in time")
-            .expect("recv")
-            .expect("open");
+        let ping = within(srx.recv()).await.expect("recv").expect("open");
         assert_eq!(&ping.payload[..], b"ping");
         stx.send(Message::new(
             HeaderBytes::from(*b"q"),

@@ -52,14 +52,10 @@ fn encode(th: Th, header: &[u8], payload: &[u8]) -> Buf {
 }
 
 fn hello(credits: u16) -> Th {
-    let mut th = Th::new(Kind::Hello);
-    th.credits = credits;
-    th.id = DEPTH;
-    th.len = BUF as u64;
-    th.addr = VERSION;
-    th.rkey = 4;
-    th.aux = 64;
-    th
+    Th {
+        credits,
+        ..Th::hello(DEPTH, BUF as u64, 4, 64)
+    }
 }
 
 fn eager(payload: &[u8]) -> Buf {
@@ -75,6 +71,17 @@ fn rts(id: u32, len: u64, addr: u64) -> Buf {
     th.addr = addr;
     th.rkey = 77;
     encode(th, b"r", &[])
+}
+
+/// The READs among the work the engine asks for now.
+fn reads_of(e: &mut E) -> Vec<ReadChunk> {
+    drain(e)
+        .into_iter()
+        .filter_map(|w| match w {
+            Work::Read(r) => Some(r),
+            _ => None,
+        })
+        .collect()
 }
 
 fn kind_of(w: &Work<Bytes>) -> &'static str {
@@ -486,13 +493,7 @@ fn a_rendezvous_target_is_allocated_only_when_its_read_is_posted() {
             .expect("within limits");
     }
     assert_eq!(e.held_bytes(), 0, "nothing allocated on arrival");
-    let reads: Vec<ReadChunk> = drain(&mut e)
-        .into_iter()
-        .filter_map(|w| match w {
-            Work::Read(r) => Some(r),
-            _ => None,
-        })
-        .collect();
+    let reads = reads_of(&mut e);
     assert_eq!(reads.len(), 2, "window of two READs");
     assert_eq!(reads[0].alloc, Some(8192));
     assert_eq!(reads[1].alloc, None, "second chunk of the same transfer");
@@ -519,13 +520,7 @@ fn a_gone_receiver_reads_nothing_more_and_releases_every_target() {
     e.on_recv(rts(1, 8192, 0x20_0000)).expect("rts 1");
     e.on_recv(eager(b"before")).expect("eager");
     // The first transfer starts (window of two READs), the second has not.
-    let reads: Vec<ReadChunk> = drain(&mut e)
-        .into_iter()
-        .filter_map(|w| match w {
-            Work::Read(r) => Some(r),
-            _ => None,
-        })
-        .collect();
+    let reads = reads_of(&mut e);
     assert_eq!(reads.len(), 2);
     assert!(reads.iter().all(|r| r.tag == reads[0].tag));
     e.receiver_gone();
