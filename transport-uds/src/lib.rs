@@ -4,16 +4,37 @@
 //! same framing as TCP ([`transport_core::frame`]), written with vectored writes straight
 //! from the payload buffers.
 //!
-//! A listener whose path is taken by a stale socket (nobody accepting) replaces it; a path
-//! with a live listener fails with `AddrInUse`. The socket file is removed when the listener
-//! is dropped.
+//! ## Listening safely
+//!
+//! A socket path is shared state on the file system, so [`UdsTransport::listen`] treats it as
+//! such:
+//!
+//! - **Lock file.** A listener holds an exclusive `flock` on `<path>.lock` (created with mode
+//!   `0600`, see [`UdsAddr::lock_path`]) for its whole life. `listen` takes it first, without
+//!   waiting; if another listener holds it, `listen` fails with
+//!   [`std::io::ErrorKind::AddrInUse`] and removes nothing. The lock is on the file now at that
+//!   path (its inode is checked after locking, and the lock file reopened if it was replaced
+//!   in between). The kernel releases the lock when its holder exits, even when it crashes.
+//! - **No takeover of a live socket.** Holding the lock, `listen` replaces a socket left at
+//!   the path only when connecting to it is refused: a listener that does not use the lock
+//!   file, even one whose backlog is full, is never replaced. A path that is not a socket is
+//!   never removed. Either is `AddrInUse`.
+//! - **Removal by identity.** Dropping a [`UdsListener`] removes the socket file and the lock
+//!   file only if they are still the files it created (same device and inode), so it never
+//!   removes a successor's socket.
+//! - **Permissions.** The socket file gets [`UdsConfig::mode`] (default `0o600`, owner only)
+//!   after `bind` and before `listen`, whatever the umask: nobody connects while the
+//!   permissions are looser. Connecting needs write permission on the socket file.
+//!
+//! As for any Unix socket, the directory holding it should not be writable by users the
+//! server does not trust: they could rename or replace the files in it.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), transport_core::TransportError> {
 //! use transport_core::{Listener, Transport};
-//! use transport_uds::{UdsAddr, UdsTransport};
+//! use transport_uds::{UdsAddr, UdsConfig, UdsTransport};
 //!
-//! let uds = UdsTransport::default();
+//! let uds = UdsTransport::new(UdsConfig::default().with_mode(0o660));
 //! let addr: UdsAddr = "/tmp/demo.sock".parse().unwrap();
 //! let mut listener = uds.listen(&addr).await?;
 //! let client_side = uds.connect(&addr).await?;
@@ -23,9 +44,9 @@
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod socket_file;
 
 use std::fmt;
-use std::io;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -42,6 +63,11 @@ impl UdsAddr {
     /// The path.
     pub fn path(&self) -> &Path {
         &self.0
+    }
+
+    /// The lock file a listener on this path holds: the path with `.lock` appended.
+    pub fn lock_path(&self) -> PathBuf {
+        socket_file::lock_path(&self.0)
     }
 }
 
@@ -71,10 +97,26 @@ impl From<PathBuf> for UdsAddr {
 }
 
 /// Unix socket settings.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct UdsConfig {
     /// Framing settings (max message size, read buffer).
     pub stream: StreamConfig,
+    /// Permission bits of the socket file a listener creates (at most `0o777`), set before
+    /// it listens, whatever the umask. Default `0o600`: only the owner may connect.
+    pub mode: u32,
+    /// Listen backlog: connections the kernel queues before `accept` (capped by the kernel's
+    /// `somaxconn`). Default 1024.
+    pub backlog: i32,
+}
+
+impl Default for UdsConfig {
+    fn default() -> Self {
+        UdsConfig {
+            stream: StreamConfig::default(),
+            mode: 0o600,
+            backlog: 1024,
+        }
+    }
 }
 
 impl UdsConfig {
@@ -83,6 +125,18 @@ impl UdsConfig {
         let mut c = UdsConfig::default();
         c.stream.max_message_size = max;
         c
+    }
+
+    /// These settings with another socket file mode (see [`UdsConfig::mode`]).
+    pub fn with_mode(mut self, mode: u32) -> UdsConfig {
+        self.mode = mode;
+        self
+    }
+
+    /// These settings with another listen backlog (see [`UdsConfig::backlog`]).
+    pub fn with_backlog(mut self, backlog: i32) -> UdsConfig {
+        self.backlog = backlog;
+        self
     }
 }
 
@@ -121,42 +175,43 @@ impl Transport for UdsTransport {
         ))
     }
 
+    /// Listens on `addr`'s path, holding its lock file; see the crate docs for when a file
+    /// already there is replaced (a stale socket) or not (`AddrInUse`).
     async fn listen(&self, addr: &UdsAddr) -> Result<UdsListener, TransportError> {
-        let inner = match UnixListener::bind(&addr.0) {
+        let bound = socket_file::bind(&addr.0, self.config.mode, self.config.backlog)?;
+        let socket_id = bound.id;
+        let inner = match UnixListener::from_std(bound.listener) {
             Ok(l) => l,
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
-                // Replace a stale socket nobody listens on; never a live one or another file.
-                let is_socket = std::fs::symlink_metadata(&addr.0)
-                    .map(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
-                    .unwrap_or(false);
-                let live = UnixStream::connect(&addr.0).await.is_ok();
-                if !is_socket || live {
-                    return Err(e.into());
-                }
-                std::fs::remove_file(&addr.0)?;
-                UnixListener::bind(&addr.0)?
+            Err(e) => {
+                socket_file::remove_if_same(&addr.0, socket_id);
+                return Err(e.into());
             }
-            Err(e) => return Err(e.into()),
         };
         Ok(UdsListener {
             inner,
             addr: addr.clone(),
             config: self.config.clone(),
+            socket_id,
+            _lock: bound.lock,
         })
     }
 }
 
-/// A listening Unix socket; its file is removed on drop.
+/// A listening Unix socket. It holds the lock file of its path while it lives; on drop it
+/// removes its socket file and lock file, each only if it is still the file it created.
 #[derive(Debug)]
 pub struct UdsListener {
     inner: UnixListener,
     addr: UdsAddr,
     config: UdsConfig,
+    socket_id: socket_file::FileId,
+    /// Dropped last (fields drop in order), after the socket file is gone.
+    _lock: socket_file::PathLock,
 }
 
 impl Drop for UdsListener {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.addr.0);
+        socket_file::remove_if_same(&self.addr.0, self.socket_id);
     }
 }
 
