@@ -25,6 +25,13 @@
 //! - **Permissions.** The socket file gets [`UdsConfig::mode`] (default `0o600`, owner only)
 //!   after `bind` and before `listen`, whatever the umask: nobody connects while the
 //!   permissions are looser. Connecting needs write permission on the socket file.
+//! - **Peer credentials.** [`UdsConnection::peer_credentials`] gives the uid, gid and pid the
+//!   kernel recorded for the other end (`SO_PEERCRED`), on accepted and connected
+//!   connections.
+//! - **Allowed uids.** With [`UdsConfig::allowed_uids`] set (default `None`: whoever may open
+//!   the socket file), [`UdsListener::accept`](Listener::accept) closes connections from other
+//!   uids at once, logs a warning, and keeps accepting: a rejected peer sees its connection
+//!   closed.
 //!
 //! As for any Unix socket, the directory holding it should not be writable by users the
 //! server does not trust: they could rename or replace the files in it.
@@ -39,6 +46,7 @@
 //! let mut listener = uds.listen(&addr).await?;
 //! let client_side = uds.connect(&addr).await?;
 //! let server_side = listener.accept().await?;
+//! assert_eq!(server_side.peer_credentials(), client_side.peer_credentials());
 //! # Ok(()) }
 //! ```
 
@@ -104,6 +112,10 @@ pub struct UdsConfig {
     /// Permission bits of the socket file a listener creates (at most `0o777`), set before
     /// it listens, whatever the umask. Default `0o600`: only the owner may connect.
     pub mode: u32,
+    /// The uids a listener serves; connections from other uids, or whose uid the kernel does
+    /// not report, are closed at accept time. Default `None`: anyone allowed to open the
+    /// socket file (see [`UdsConfig::mode`]).
+    pub allowed_uids: Option<Vec<u32>>,
     /// Listen backlog: connections the kernel queues before `accept` (capped by the kernel's
     /// `somaxconn`). Default 1024.
     pub backlog: i32,
@@ -114,6 +126,7 @@ impl Default for UdsConfig {
         UdsConfig {
             stream: StreamConfig::default(),
             mode: 0o600,
+            allowed_uids: None,
             backlog: 1024,
         }
     }
@@ -133,10 +146,51 @@ impl UdsConfig {
         self
     }
 
+    /// These settings serving only these uids (see [`UdsConfig::allowed_uids`]).
+    pub fn with_allowed_uids(mut self, uids: impl IntoIterator<Item = u32>) -> UdsConfig {
+        self.allowed_uids = Some(uids.into_iter().collect());
+        self
+    }
+
     /// These settings with another listen backlog (see [`UdsConfig::backlog`]).
     pub fn with_backlog(mut self, backlog: i32) -> UdsConfig {
         self.backlog = backlog;
         self
+    }
+
+    fn allows(&self, credentials: Option<&PeerCredentials>) -> bool {
+        match (&self.allowed_uids, credentials) {
+            (None, _) => true,
+            (Some(uids), Some(c)) => uids.contains(&c.uid),
+            (Some(_), None) => false,
+        }
+    }
+}
+
+/// Who is at the other end of a Unix socket connection, as the kernel recorded it when the
+/// connection was made (`SO_PEERCRED` on Linux), not as the peer claims.
+///
+/// On an accepted connection: the process that connected. On a connected one: the process
+/// that created the listening socket, as of its `listen` call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PeerCredentials {
+    /// The peer's effective user id.
+    pub uid: u32,
+    /// The peer's effective group id.
+    pub gid: u32,
+    /// The peer's process id, when the platform reports it (Linux always does; 0 when the
+    /// peer is in a pid namespace this process cannot see).
+    pub pid: Option<u32>,
+}
+
+impl PeerCredentials {
+    fn of(stream: &UnixStream) -> Option<PeerCredentials> {
+        let c = stream.peer_cred().ok()?;
+        Some(PeerCredentials {
+            uid: c.uid(),
+            gid: c.gid(),
+            pid: c.pid().and_then(|p| u32::try_from(p).ok()),
+        })
     }
 }
 
@@ -168,8 +222,10 @@ impl Transport for UdsTransport {
 
     async fn connect(&self, addr: &UdsAddr) -> Result<UdsConnection, TransportError> {
         let stream = UnixStream::connect(&addr.0).await?;
+        let credentials = PeerCredentials::of(&stream);
         Ok(UdsConnection::new(
             stream,
+            credentials,
             self.config.clone(),
             addr.to_string(),
         ))
@@ -223,13 +279,28 @@ impl Listener for UdsListener {
         Ok(self.addr.clone())
     }
 
+    /// The next connection from an allowed peer (see [`UdsConfig::allowed_uids`]); others
+    /// are closed and skipped. Cancel safe.
     async fn accept(&mut self) -> Result<UdsConnection, TransportError> {
-        let (stream, _) = self.inner.accept().await?;
-        Ok(UdsConnection::new(
-            stream,
-            self.config.clone(),
-            format!("{} (accepted)", self.addr),
-        ))
+        loop {
+            let (stream, _) = self.inner.accept().await?;
+            let credentials = PeerCredentials::of(&stream);
+            if !self.config.allows(credentials.as_ref()) {
+                tracing::warn!(
+                    path = %self.addr,
+                    uid = ?credentials.map(|c| c.uid),
+                    pid = ?credentials.and_then(|c| c.pid),
+                    "uds: closed a connection from a uid not in allowed_uids"
+                );
+                continue;
+            }
+            return Ok(UdsConnection::new(
+                stream,
+                credentials,
+                self.config.clone(),
+                format!("{} (accepted)", self.addr),
+            ));
+        }
     }
 }
 
@@ -237,19 +308,33 @@ impl Listener for UdsListener {
 #[derive(Debug)]
 pub struct UdsConnection {
     stream: UnixStream,
+    credentials: Option<PeerCredentials>,
     config: UdsConfig,
     metrics: Arc<Metrics>,
     peer: String,
 }
 
 impl UdsConnection {
-    fn new(stream: UnixStream, config: UdsConfig, peer: String) -> UdsConnection {
+    fn new(
+        stream: UnixStream,
+        credentials: Option<PeerCredentials>,
+        config: UdsConfig,
+        peer: String,
+    ) -> UdsConnection {
         UdsConnection {
             stream,
+            credentials,
             config,
             metrics: Arc::new(Metrics::default()),
             peer,
         }
+    }
+
+    /// Who is at the other end, read from the kernel when the connection was set up; `None`
+    /// if the kernel could not tell (the peer was already gone, an unsupported platform).
+    /// Read it before [`Connection::split`], which consumes the connection.
+    pub fn peer_credentials(&self) -> Option<PeerCredentials> {
+        self.credentials
     }
 }
 

@@ -38,6 +38,16 @@ fn io_kind(e: TransportError) -> io::ErrorKind {
     }
 }
 
+fn our_uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+fn our_gid() -> u32 {
+    // SAFETY: getgid has no preconditions and cannot fail.
+    unsafe { libc::getgid() }
+}
+
 /// A listening socket at `path` that knows nothing of the lock file, with this backlog.
 fn foreign_listener(path: &Path, backlog: i32) -> Socket {
     let s = Socket::new(Domain::UNIX, Type::STREAM, None).expect("socket");
@@ -305,6 +315,64 @@ async fn socket_file_mode_is_the_configured_one() {
     let err = uds.listen(&addr).await.expect_err("bits outside 0o777");
     assert_eq!(io_kind(err), io::ErrorKind::InvalidInput);
     assert!(!addr.0.exists());
+}
+
+#[tokio::test]
+async fn peer_credentials_on_both_sides() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = socket_path(&dir);
+    let uds = UdsTransport::default();
+    let mut listener = uds.listen(&addr).await.expect("listen");
+    let client = timeout(WAIT, uds.connect(&addr))
+        .await
+        .unwrap()
+        .expect("connect");
+    let server = timeout(WAIT, listener.accept())
+        .await
+        .unwrap()
+        .expect("accept");
+
+    for (side, conn) in [("accepted", &server), ("connected", &client)] {
+        let c = conn
+            .peer_credentials()
+            .unwrap_or_else(|| panic!("{side}: no credentials"));
+        assert_eq!(c.uid, our_uid(), "{side}: uid");
+        assert_eq!(c.gid, our_gid(), "{side}: gid");
+        assert_eq!(c.pid, Some(std::process::id()), "{side}: pid");
+    }
+}
+
+#[tokio::test]
+async fn peers_outside_allowed_uids_are_closed_and_accept_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = socket_path(&dir);
+    let not_us = our_uid().wrapping_add(1);
+    let uds = UdsTransport::new(UdsConfig::default().with_allowed_uids([not_us]));
+    let mut listener = uds.listen(&addr).await.expect("listen");
+
+    // Two clients in a row: each is closed without an answer, and accept neither returns the
+    // connection nor fails, so one rejection does not stop the listener.
+    for _ in 0..2 {
+        let client = timeout(WAIT, uds.connect(&addr))
+            .await
+            .unwrap()
+            .expect("connect");
+        let (mut tx, mut rx) = client.split();
+        let _ = tx.send(ping()).await;
+        tokio::select! {
+            r = listener.accept() => panic!("accept returned a peer outside allowed_uids: {:?}", r.map(|c| c.peer())),
+            r = timeout(WAIT, rx.recv()) => {
+                let r = r.expect("the rejected client must see its connection closed in time");
+                assert!(matches!(r, Ok(None) | Err(_)), "a rejected client got {r:?}");
+            }
+        }
+    }
+    drop(listener);
+
+    let addr = UdsAddr(dir.path().join("us.sock"));
+    let uds = UdsTransport::new(UdsConfig::default().with_allowed_uids([not_us, our_uid()]));
+    let mut listener = uds.listen(&addr).await.expect("listen");
+    serves(&uds, &addr, &mut listener).await;
 }
 
 /// `PathBuf`s are how callers build addresses too.
