@@ -380,17 +380,24 @@ async fn raw_op<S: MessageSender, R: MessageReceiver>(
             Ok((want, None))
         }
         Op::Recv => {
-            let mut req = Vec::with_capacity(12);
-            req.extend_from_slice(&(job.size as u32).to_le_bytes());
-            req.extend_from_slice(&count.to_le_bytes());
-            tx.send(Message::new(
-                HeaderBytes::new(proto::SOURCE_REQ).expect("short"),
-                Bytes::from(req),
-            ))
-            .await?;
+            let size = u32::try_from(job.size).map_err(|_| "raw source: size above 4 GiB")?;
             let mut bytes = 0;
-            for _ in 0..count {
-                bytes += recv_one(rx).await?.payload.len() as u64;
+            // One request per MAX_SOURCE_BYTES at most (the server's limit): one round trip
+            // per 64 GiB at worst.
+            for req in proto::SourceRequest::split(size, count) {
+                tx.send(Message::new(
+                    HeaderBytes::new(proto::SOURCE_REQ).expect("short"),
+                    req.encode(),
+                ))
+                .await?;
+                for _ in 0..req.count {
+                    let m = recv_one(rx).await?;
+                    if m.header.as_slice() == proto::SOURCE_ERR {
+                        let why = String::from_utf8_lossy(&m.payload);
+                        return Err(format!("raw source: the server refused: {why}").into());
+                    }
+                    bytes += m.payload.len() as u64;
+                }
             }
             Ok((bytes, None))
         }

@@ -11,6 +11,21 @@
 //!
 //! Raw modes use the backend's `Connection` directly (the same code the RPC layer runs on),
 //! so the difference between a raw and an RPC figure is the RPC layer's cost.
+//!
+//! ## Limits
+//!
+//! The server is unauthenticated, so no number a peer sends makes it loop or allocate
+//! without bound:
+//!
+//! - a `src` request asks for at most [`MAX_SOURCE_COUNT`] messages, of at most
+//!   [`MAX_PAYLOAD`] bytes each and no larger than the connection's largest message, and
+//!   at most [`MAX_SOURCE_BYTES`] in all. A request outside these limits is answered with
+//!   one [`SOURCE_ERR`] message (the reason as text) and the connection is closed. The bench
+//!   client splits a longer stream into several requests ([`SourceRequest::split`]).
+//! - [`method::RECV`] answers at most [`MAX_PAYLOAD`] bytes; a larger size is refused with
+//!   `INVALID_ARGUMENT`.
+//! - `echo` and `sink` only hold one message at a time, bounded by the transport's largest
+//!   message; RPC calls in flight are bounded by the [`RpcServer`]'s configuration.
 
 use bytes::{Buf, Bytes};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -76,11 +91,90 @@ pub const MODE_RPC: &[u8] = b"rpc";
 pub const SINK_END: &[u8] = b"end";
 /// Sink: the answer to [`SINK_END`].
 pub const SINK_ACK: &[u8] = b"ack";
-/// Source: a request for a stream of messages.
+/// Source: a request for a stream of messages (a [`SourceRequest`]).
 pub const SOURCE_REQ: &[u8] = b"src";
+/// Source: the server's answer to a request outside the [limits](self#limits) (payload:
+/// the reason, as text); the server closes the connection after it.
+pub const SOURCE_ERR: &[u8] = b"err";
 
 /// Largest payload the bench moves (1 MB is the largest size of the issue; 16 MiB leaves room).
 pub const MAX_PAYLOAD: usize = 16 << 20;
+
+/// Most messages one `src` request may ask for (the bench client asks for at most
+/// 20 000 per measurement, and splits anything longer: see [`SourceRequest::split`]).
+pub const MAX_SOURCE_COUNT: u64 = 1 << 20;
+
+/// Most payload bytes one `src` request may ask for (size x count): 64 GiB.
+pub const MAX_SOURCE_BYTES: u64 = 64 << 30;
+
+/// A `src` request: send `count` messages of `size` bytes. On the wire: size u32 LE, then
+/// count u64 LE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceRequest {
+    /// Payload bytes per message.
+    pub size: u32,
+    /// Messages to send.
+    pub count: u64,
+}
+
+impl SourceRequest {
+    /// Length of an encoded request.
+    pub const LEN: usize = 12;
+
+    /// The most messages of `size` bytes one request may ask for (at least 1 for any size
+    /// within [`MAX_PAYLOAD`]).
+    pub fn max_count(size: usize) -> u64 {
+        (MAX_SOURCE_BYTES / size.max(1) as u64).min(MAX_SOURCE_COUNT)
+    }
+
+    /// Requests for `count` messages of `size` bytes in all, each within the limits.
+    pub fn split(size: u32, count: u64) -> impl Iterator<Item = SourceRequest> {
+        let per = Self::max_count(size as usize);
+        (0..count.div_ceil(per)).map(move |i| SourceRequest {
+            size,
+            count: per.min(count - i * per),
+        })
+    }
+
+    /// The request as sent in a `src` message's payload.
+    pub fn encode(&self) -> Bytes {
+        let mut b = Vec::with_capacity(Self::LEN);
+        b.extend_from_slice(&self.size.to_le_bytes());
+        b.extend_from_slice(&self.count.to_le_bytes());
+        Bytes::from(b)
+    }
+
+    /// Reads a `src` payload and checks it against the limits, with `max_size` the most
+    /// bytes per message the connection can carry (capped at [`MAX_PAYLOAD`]).
+    pub fn decode(mut payload: Bytes, max_size: usize) -> Result<SourceRequest, String> {
+        if payload.len() != Self::LEN {
+            return Err(format!(
+                "a src request is {} bytes, not {}",
+                Self::LEN,
+                payload.len()
+            ));
+        }
+        let r = SourceRequest {
+            size: payload.get_u32_le(),
+            count: payload.get_u64_le(),
+        };
+        let max_size = max_size.min(MAX_PAYLOAD);
+        if r.size as usize > max_size {
+            return Err(format!(
+                "size {} is above the limit of {max_size} bytes",
+                r.size
+            ));
+        }
+        if r.count > Self::max_count(r.size as usize) {
+            return Err(format!(
+                "{} messages of {} bytes is above the limit of {MAX_SOURCE_COUNT} messages \
+                 and {MAX_SOURCE_BYTES} bytes per request",
+                r.count, r.size
+            ));
+        }
+        Ok(r)
+    }
+}
 
 /// RPC method ids of the bench server.
 pub mod method {
@@ -157,7 +251,13 @@ fn rpc_server(pool: Bytes) -> RpcServer<impl transport_core::rpc::Handler> {
                                 "recv wants a u32 size",
                             ));
                         }
-                        let n = (p.get_u32_le() as usize).min(pool.len());
+                        let n = p.get_u32_le() as usize;
+                        if n > pool.len() {
+                            return Err(Status::new(
+                                transport_core::rpc::code::INVALID_ARGUMENT,
+                                "recv size above the bench's largest payload",
+                            ));
+                        }
                         Ok(pool.slice(..n))
                     }
                     m => Err(Status::unknown_method(m)),
@@ -226,19 +326,29 @@ async fn serve_connection<C: Connection>(
                         .await?;
                     received = 0;
                 } else {
-                    received += m.payload.len() as u64;
+                    received = received.saturating_add(m.payload.len() as u64);
                 }
             }
         }
         MODE_SOURCE => {
-            while let Some(mut m) = rx.recv().await? {
-                if m.header.as_slice() != SOURCE_REQ || m.payload.len() != 12 {
-                    return Err(TransportError::Malformed("bench source: bad request"));
+            let max_size = caps.max_message_size.min(pool.len());
+            while let Some(m) = rx.recv().await? {
+                if m.header.as_slice() != SOURCE_REQ {
+                    return Err(TransportError::Malformed("bench source: not a src request"));
                 }
-                let size = (m.payload.get_u32_le() as usize).min(pool.len());
-                let count = m.payload.get_u64_le();
-                let payload = pool.slice(..size);
-                for _ in 0..count {
+                let req = match SourceRequest::decode(m.payload, max_size) {
+                    Ok(r) => r,
+                    Err(reason) => {
+                        let err = HeaderBytes::new(SOURCE_ERR).expect("short");
+                        let _ = tx.send(Message::new(err, Bytes::from(reason))).await;
+                        let _ = tx.close().await;
+                        return Err(TransportError::Malformed(
+                            "bench source: request outside the limits",
+                        ));
+                    }
+                };
+                let payload = pool.slice(..req.size as usize);
+                for _ in 0..req.count {
                     tx.send(Message::new(HeaderBytes::EMPTY, payload.clone()))
                         .await?;
                 }
@@ -268,6 +378,183 @@ async fn serve_connection<C: Connection>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::SocketAddr;
+    use std::time::Duration;
+    use transport_core::rpc::{code, ClientConfig, RpcClient, RpcError};
+    use transport_core::Transport;
+    use transport_tcp::TcpTransport;
+
+    /// Every wait in these tests ends by then.
+    const BOUND: Duration = Duration::from_secs(10);
+
+    fn src(size: u32, count: u64) -> Bytes {
+        SourceRequest { size, count }.encode()
+    }
+
+    /// `proto::serve` on a TCP listener on 127.0.0.1, for the rest of the test.
+    async fn server() -> SocketAddr {
+        let l = TcpTransport::default()
+            .listen(&"127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(serve(l));
+        addr
+    }
+
+    /// Opens a source connection, sends one `src` message with `payload` and reads what the
+    /// server answers: at most `max_messages` messages, until it closes the connection.
+    /// Returns the messages and whether the server closed the connection.
+    async fn source_answer(
+        addr: SocketAddr,
+        payload: Bytes,
+        max_messages: usize,
+    ) -> (Vec<Message>, bool) {
+        let conn = TcpTransport::default().connect(&addr).await.unwrap();
+        let (mut tx, mut rx) = conn.split();
+        let header = |h| HeaderBytes::new(h).unwrap();
+        tx.send(Message::new(header(MODE_SOURCE), Bytes::new()))
+            .await
+            .unwrap();
+        tx.send(Message::new(header(SOURCE_REQ), payload))
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let closed = tokio::time::timeout(BOUND, async {
+            while got.len() < max_messages {
+                match rx.recv().await {
+                    Ok(Some(m)) => got.push(m),
+                    Ok(None) | Err(_) => return true,
+                }
+            }
+            false
+        })
+        .await
+        .expect("the server neither answered nor closed within the bound");
+        (got, closed)
+    }
+
+    /// A `src` request within the limits gets its messages; the connection stays open.
+    #[tokio::test]
+    async fn source_serves_a_request_within_the_limits() {
+        let addr = server().await;
+        let (got, closed) = source_answer(addr, src(1024, 3), 3).await;
+        assert!(!closed);
+        assert_eq!(got.len(), 3);
+        for m in &got {
+            assert_eq!(m.header.as_slice(), b"");
+            assert_eq!(m.payload.len(), 1024);
+        }
+    }
+
+    /// Counts and sizes from the wire outside the limits are refused with one `err` message
+    /// and the connection closed: no data at all is sent for them (the unbounded server
+    /// streamed 2^64-1 messages for the first one).
+    #[tokio::test]
+    async fn source_refuses_requests_outside_the_limits() {
+        let addr = server().await;
+        let too_many_bytes = MAX_SOURCE_BYTES / MAX_PAYLOAD as u64 + 1;
+        let refused = [
+            ("2^64-1 messages", src(1, u64::MAX)),
+            ("one message too many", src(0, MAX_SOURCE_COUNT + 1)),
+            ("size 2^32-1", src(u32::MAX, 1)),
+            ("size above MAX_PAYLOAD", src(MAX_PAYLOAD as u32 + 1, 1)),
+            (
+                "above MAX_SOURCE_BYTES",
+                src(MAX_PAYLOAD as u32, too_many_bytes),
+            ),
+            ("short request", Bytes::from_static(&[0; 11])),
+        ];
+        for (what, req) in refused {
+            // Up to 16 messages: a server that starts streaming shows it at the second one.
+            let (got, closed) = source_answer(addr, req, 16).await;
+            let data: Vec<_> = got
+                .iter()
+                .filter(|m| m.header.as_slice() != SOURCE_ERR)
+                .collect();
+            assert!(data.is_empty(), "{what}: {} data messages", data.len());
+            assert!(closed, "{what}: the connection stayed open");
+            if what != "short request" {
+                assert_eq!(got.len(), 1, "{what}: one err message");
+            }
+        }
+        // The server still serves.
+        let (got, _) = source_answer(addr, src(16, 1), 1).await;
+        assert_eq!(got[0].payload.len(), 16);
+    }
+
+    /// Decoding applies the connection's own message limit and every documented limit.
+    #[test]
+    fn source_request_limits() {
+        let ok = |size, count, max| SourceRequest::decode(src(size, count), max);
+        assert_eq!(
+            ok(1024, 3, MAX_PAYLOAD),
+            Ok(SourceRequest {
+                size: 1024,
+                count: 3
+            })
+        );
+        assert!(ok(4097, 1, 4096).is_err(), "the connection's limit");
+        assert!(ok(MAX_PAYLOAD as u32, 1, usize::MAX).is_ok());
+        assert!(ok(MAX_PAYLOAD as u32 + 1, 1, usize::MAX).is_err());
+        assert!(ok(0, MAX_SOURCE_COUNT, MAX_PAYLOAD).is_ok());
+        assert!(ok(0, MAX_SOURCE_COUNT + 1, MAX_PAYLOAD).is_err());
+        let n = MAX_SOURCE_BYTES / MAX_PAYLOAD as u64;
+        assert!(ok(MAX_PAYLOAD as u32, n, MAX_PAYLOAD).is_ok());
+        assert!(ok(MAX_PAYLOAD as u32, n + 1, MAX_PAYLOAD).is_err());
+    }
+
+    /// The client's split of a long stream: every request within the limits, nothing lost.
+    #[test]
+    fn source_split_stays_within_the_limits() {
+        for (size, count) in [
+            (0u32, 0u64),
+            (0, 5 * MAX_SOURCE_COUNT + 7),
+            (1024, 20_000),
+            (MAX_PAYLOAD as u32, 20_000),
+            (MAX_PAYLOAD as u32, 4096),
+        ] {
+            let reqs: Vec<_> = SourceRequest::split(size, count).collect();
+            assert_eq!(reqs.iter().map(|r| r.count).sum::<u64>(), count);
+            for r in &reqs {
+                assert!(r.count > 0);
+                assert_eq!(SourceRequest::decode(r.encode(), MAX_PAYLOAD), Ok(*r));
+            }
+        }
+        assert_eq!(SourceRequest::split(1024, 20_000).count(), 1);
+    }
+
+    /// RPC `recv` with a size above the largest payload is refused, not served.
+    #[tokio::test]
+    async fn rpc_recv_refuses_sizes_above_the_largest_payload() {
+        let addr = server().await;
+        let conn = TcpTransport::default().connect(&addr).await.unwrap();
+        let caps = conn.capabilities();
+        let metrics = conn.metrics();
+        let peer = conn.peer();
+        let (mut tx, rx) = conn.split();
+        tx.send(Message::new(
+            HeaderBytes::new(MODE_RPC).unwrap(),
+            Bytes::new(),
+        ))
+        .await
+        .unwrap();
+        let client = RpcClient::new(
+            Presplit::new(tx, rx, caps, metrics, peer),
+            ClientConfig::default(),
+        );
+        let call = |n: u32| {
+            let arg = Bytes::copy_from_slice(&n.to_le_bytes());
+            tokio::time::timeout(BOUND, client.call(method::RECV, arg))
+        };
+        let r = call(MAX_PAYLOAD as u32 + 1).await.expect("bounded");
+        match r {
+            Err(RpcError::Remote(s)) => assert_eq!(s.code, code::INVALID_ARGUMENT),
+            other => panic!("not refused: {other:?}"),
+        }
+        let r = call(4096).await.expect("bounded").unwrap();
+        assert_eq!(r.len(), 4096);
+    }
 
     /// Server totals add up live connections and keep what ended connections counted.
     #[test]
