@@ -6,7 +6,8 @@
 //! bench                         local mode: client and server in this process, every transport
 //! bench --full --plot out.svg   the whole sweep (sizes 1 KB..1 MB x 1..32 client threads)
 //! bench --json                  the report as JSON on stdout
-//! bench server                  serve raw and RPC bench connections (TCP :5201) for a remote client
+//! bench server                  serve raw and RPC bench connections (TCP 127.0.0.1:5201)
+//! bench server --listen ADDR    the same for a client on another host (see below)
 //! bench client HOST[:PORT]      run the comparison against `bench server` on HOST (tcp or verbs)
 //! bench scenario NAME           the middleware scenarios (typed, structured, clients, slow-clients, orb, all)
 //! bench doctor                  check the environment (memlock, RDMA devices, GIDs, MTU, socket limits)
@@ -16,6 +17,15 @@
 //! streams); RPC figures use `RpcClient`/`RpcServer` over the same backend, so the ratio of
 //! the two is the cost of the RPC layer. Every figure is repeated (`--repeat`) and printed as
 //! median (min-max), with the CPU placement of client and server.
+//!
+//! ## `bench server`
+//!
+//! The server's port is unauthenticated: anyone who can reach it can make the server send
+//! and receive data and spend CPU. It therefore listens on loopback (`127.0.0.1:5201`) unless
+//! `--listen` names another address, and prints a warning to stderr when that address is not
+//! a loopback one: serve a remote client only on a network you trust. What one request may ask
+//! for is bounded (see the `proto` module's limits: at most 2^20 messages, 16 MiB each and
+//! 64 GiB in all per stream request). `--uds PATH` also listens on a Unix socket.
 
 mod doctor;
 mod measure;
@@ -42,6 +52,9 @@ use transport_verbs::{VerbsConfig, VerbsTransport};
 
 /// Default TCP port of `bench server`.
 const DEFAULT_PORT: u16 = 5201;
+
+/// Default address of `bench server`: loopback only, since the port is unauthenticated.
+const DEFAULT_LISTEN: &str = "127.0.0.1:5201";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -155,14 +168,22 @@ struct RunArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(after_long_help = "\
+The port is unauthenticated: anyone who can reach it can make the server send and receive \
+data and use CPU. It listens on loopback (127.0.0.1:5201) unless --listen names another \
+address; a non-loopback --listen (e.g. 0.0.0.0:5201 for a client on another host) prints a \
+warning. Use one only on a network you trust.")]
 struct ServerArgs {
-    /// TCP address to listen on.
-    #[arg(long, default_value = "0.0.0.0:5201")]
+    /// TCP address to listen on (default: loopback only). A non-loopback address (e.g.
+    /// 0.0.0.0:5201, for a client on another host) exposes an unauthenticated port and prints
+    /// a warning.
+    #[arg(long, default_value = DEFAULT_LISTEN)]
     listen: SocketAddr,
     /// Also listen on this Unix socket path.
     #[arg(long)]
     uds: Option<PathBuf>,
-    /// Also serve over RDMA verbs (rdma_cm) on the same IP and port.
+    /// Also serve over RDMA verbs (rdma_cm) on the same IP and port (rdma_cm needs the IP of
+    /// an RDMA device, not loopback: pass --listen).
     #[arg(long)]
     verbs: bool,
     /// Pin the server to this CPU.
@@ -471,6 +492,19 @@ fn finish(
     Ok(())
 }
 
+/// The warning `bench server` prints when it listens on `addr`, if any: every address but a
+/// loopback one exposes the unauthenticated port to other hosts.
+fn listen_warning(addr: &SocketAddr) -> Option<String> {
+    if addr.ip().to_canonical().is_loopback() {
+        return None;
+    }
+    Some(format!(
+        "bench server: warning: {addr} is not a loopback address. The port is \
+         unauthenticated: anyone who can reach it can make this server send and receive data \
+         and use CPU. Listen on it only on a network you trust."
+    ))
+}
+
 fn server(a: &ServerArgs) -> Result<(), String> {
     if let Some(c) = a.core {
         sys::pin_current_thread(c)?;
@@ -480,6 +514,9 @@ fn server(a: &ServerArgs) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     rt.block_on(async {
+        if let Some(w) = listen_warning(&a.listen) {
+            eprintln!("{w}");
+        }
         let tcp = TcpTransport::default()
             .listen(&a.listen)
             .await
@@ -502,10 +539,14 @@ fn server(a: &ServerArgs) -> Result<(), String> {
         };
         let verbs_task = if a.verbs {
             let v = VerbsTransport::new(VerbsConfig::default()).map_err(|e| e.to_string())?;
-            let l = v
-                .listen(&a.listen)
-                .await
-                .map_err(|e| format!("verbs listen on {}: {e}", a.listen))?;
+            let l = v.listen(&a.listen).await.map_err(|e| {
+                let hint = if a.listen.ip().is_loopback() {
+                    " (rdma_cm needs the IP of an RDMA device: pass --listen IP:PORT)"
+                } else {
+                    ""
+                };
+                format!("verbs listen on {}: {e}{hint}", a.listen)
+            })?;
             eprintln!("bench server: verbs {}", a.listen);
             Some(tokio::spawn(proto::serve(l)))
         } else {
@@ -587,6 +628,56 @@ mod tests {
         assert_eq!(s.window_for(500_000), 4);
         assert_eq!(s.window_for(1 << 20), 2);
         assert_eq!(s.window_for(64 << 20), 1, "never below one call");
+    }
+
+    /// The server listens on loopback unless told otherwise, and its help says so.
+    #[test]
+    fn server_listens_on_loopback_by_default() {
+        let cli = Cli::try_parse_from(["bench", "server"]).unwrap();
+        let Some(Command::Server(a)) = cli.command else {
+            panic!("not the server command: {cli:?}");
+        };
+        assert_eq!(a.listen, "127.0.0.1:5201".parse::<SocketAddr>().unwrap());
+        assert!(a.listen.ip().is_loopback());
+        assert_eq!(
+            listen_warning(&a.listen),
+            None,
+            "the default is not warned about"
+        );
+
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        let help = cmd
+            .find_subcommand_mut("server")
+            .expect("server subcommand")
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("127.0.0.1:5201"), "{help}");
+        assert!(help.contains("unauthenticated"), "{help}");
+    }
+
+    /// Any address but loopback warns that the port is unauthenticated.
+    #[test]
+    fn non_loopback_listen_is_warned_about() {
+        for exposed in [
+            "0.0.0.0:5201",
+            "[::]:5201",
+            "10.77.0.1:5201",
+            "192.168.1.2:1",
+        ] {
+            let w = listen_warning(&exposed.parse().unwrap())
+                .unwrap_or_else(|| panic!("no warning for {exposed}"));
+            assert!(w.contains("unauthenticated"), "{w}");
+            assert!(w.contains(exposed), "{w}");
+        }
+        for private in [
+            "127.0.0.1:5201",
+            "127.1.2.3:0",
+            "[::1]:5201",
+            "[::ffff:127.0.0.1]:9",
+        ] {
+            assert_eq!(listen_warning(&private.parse().unwrap()), None, "{private}");
+        }
     }
 
     #[test]
