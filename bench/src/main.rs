@@ -26,6 +26,8 @@
 //! a loopback one: serve a remote client only on a network you trust. What one request may ask
 //! for is bounded (see the `proto` module's limits: at most 2^20 messages, 16 MiB each and
 //! 64 GiB in all per stream request). `--uds PATH` also listens on a Unix socket.
+//! SIGINT or SIGTERM stops the server: its listeners are closed, the `--uds` socket file is
+//! removed, and it exits with status 0.
 
 mod doctor;
 mod measure;
@@ -172,14 +174,15 @@ struct RunArgs {
 The port is unauthenticated: anyone who can reach it can make the server send and receive \
 data and use CPU. It listens on loopback (127.0.0.1:5201) unless --listen names another \
 address; a non-loopback --listen (e.g. 0.0.0.0:5201 for a client on another host) prints a \
-warning. Use one only on a network you trust.")]
+warning. Use one only on a network you trust.
+SIGINT or SIGTERM stops the server, removes the --uds socket file and exits with status 0.")]
 struct ServerArgs {
     /// TCP address to listen on (default: loopback only). A non-loopback address (e.g.
     /// 0.0.0.0:5201, for a client on another host) exposes an unauthenticated port and prints
     /// a warning.
     #[arg(long, default_value = DEFAULT_LISTEN)]
     listen: SocketAddr,
-    /// Also listen on this Unix socket path.
+    /// Also listen on this Unix socket path (removed when the server stops).
     #[arg(long)]
     uds: Option<PathBuf>,
     /// Also serve over RDMA verbs (rdma_cm) on the same IP and port (rdma_cm needs the IP of
@@ -505,6 +508,40 @@ fn listen_warning(addr: &SocketAddr) -> Option<String> {
     ))
 }
 
+/// SIGINT and SIGTERM, registered before any listener exists so that a signal arriving while
+/// the server starts still shuts it down cleanly instead of killing it with its socket file.
+struct Shutdown {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Shutdown {
+    fn register() -> Result<Shutdown, String> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let e = |e: std::io::Error| format!("cannot handle signals: {e}");
+        Ok(Shutdown {
+            int: signal(SignalKind::interrupt()).map_err(e)?,
+            term: signal(SignalKind::terminate()).map_err(e)?,
+        })
+    }
+
+    /// Waits for the first of the signals; returns its name.
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.int.recv() => "SIGINT",
+            _ = self.term.recv() => "SIGTERM",
+        }
+    }
+}
+
+/// Serves `listener` if there is one; otherwise never returns.
+async fn serve_if<L: Listener>(listener: Option<L>) -> Result<(), transport_core::TransportError> {
+    match listener {
+        Some(l) => proto::serve(l).await,
+        None => std::future::pending().await,
+    }
+}
+
 fn server(a: &ServerArgs) -> Result<(), String> {
     if let Some(c) = a.core {
         sys::pin_current_thread(c)?;
@@ -514,6 +551,7 @@ fn server(a: &ServerArgs) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     rt.block_on(async {
+        let mut shutdown = Shutdown::register()?;
         if let Some(w) = listen_warning(&a.listen) {
             eprintln!("{w}");
         }
@@ -526,18 +564,18 @@ fn server(a: &ServerArgs) -> Result<(), String> {
             tcp.local_addr().map_err(|e| e.to_string())?,
             a.core.map_or("no".to_string(), |c| format!("CPU {c}"))
         );
-        let uds_task = match &a.uds {
+        let uds = match &a.uds {
             Some(p) => {
                 let l = UdsTransport::default()
                     .listen(&UdsAddr(p.clone()))
                     .await
                     .map_err(|e| format!("listen on {}: {e}", p.display()))?;
                 eprintln!("bench server: uds {}", p.display());
-                Some(tokio::spawn(proto::serve(l)))
+                Some(l)
             }
             None => None,
         };
-        let verbs_task = if a.verbs {
+        let verbs = if a.verbs {
             let v = VerbsTransport::new(VerbsConfig::default()).map_err(|e| e.to_string())?;
             let l = v.listen(&a.listen).await.map_err(|e| {
                 let hint = if a.listen.ip().is_loopback() {
@@ -548,15 +586,21 @@ fn server(a: &ServerArgs) -> Result<(), String> {
                 format!("verbs listen on {}: {e}{hint}", a.listen)
             })?;
             eprintln!("bench server: verbs {}", a.listen);
-            Some(tokio::spawn(proto::serve(l)))
+            Some(l)
         } else {
             None
         };
-        let r = proto::serve(tcp).await.map_err(|e| e.to_string());
-        for t in [uds_task, verbs_task].into_iter().flatten() {
-            t.abort();
+        // The listeners live in these futures: the first signal drops them, which closes
+        // them and removes the Unix socket file.
+        tokio::select! {
+            r = proto::serve(tcp) => r.map_err(|e| e.to_string()),
+            r = serve_if(uds) => r.map_err(|e| e.to_string()),
+            r = serve_if(verbs) => r.map_err(|e| e.to_string()),
+            name = shutdown.recv() => {
+                eprintln!("bench server: {name}, shutting down");
+                Ok(())
+            }
         }
-        r
     })
 }
 
@@ -654,6 +698,7 @@ mod tests {
             .to_string();
         assert!(help.contains("127.0.0.1:5201"), "{help}");
         assert!(help.contains("unauthenticated"), "{help}");
+        assert!(help.contains("SIGTERM"), "{help}");
     }
 
     /// Any address but loopback warns that the port is unauthenticated.
