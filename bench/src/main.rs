@@ -28,6 +28,9 @@
 //! 64 GiB in all per stream request). `--uds PATH` also listens on a Unix socket.
 //! SIGINT or SIGTERM stops the server: its listeners are closed, the `--uds` socket file is
 //! removed, and it exits with status 0.
+//!
+//! Local mode and `bench scenario` put their Unix sockets in a fresh private directory
+//! (mode 0700, under the temporary directory), removed at the end of the run.
 
 mod doctor;
 mod measure;
@@ -430,11 +433,12 @@ fn local(args: &RunArgs) -> Result<(), String> {
     for t in wanted {
         match t {
             TransportName::Uds => {
-                let path = std::env::temp_dir().join(format!("bench-{}.sock", std::process::id()));
+                // Removed (with the socket) when the run on uds ends, error or not.
+                let (dir, path) = local_socket()?;
                 let uds = UdsTransport::default();
-                let addr = spawn_server(uds.clone(), UdsAddr(path.clone()), place.server_core)?;
+                let addr = spawn_server(uds.clone(), UdsAddr(path), place.server_core)?;
                 let r = suite::run(&uds, &addr, &settings, &progress);
-                let _ = std::fs::remove_file(&path);
+                drop(dir);
                 transports.push(r?);
             }
             TransportName::Tcp => {
@@ -460,6 +464,21 @@ fn local(args: &RunArgs) -> Result<(), String> {
     }
     progress.finish_and_clear();
     finish(args, place, settings, transports, unavailable, started)
+}
+
+/// A fresh private directory (mode 0700, in the temporary directory) and a socket path inside
+/// it, for the in-process servers of local mode and `bench scenario`: no other user can
+/// predict, pre-create or connect to it. Dropping the directory removes it and its sockets.
+fn local_socket() -> Result<(tempfile::TempDir, PathBuf), String> {
+    use std::os::unix::fs::PermissionsExt;
+    // Explicit: tempfile creates directories with the umask's mode (often 0755) otherwise.
+    let dir = tempfile::Builder::new()
+        .prefix("bench-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .map_err(|e| format!("cannot create a temporary directory for the socket: {e}"))?;
+    let path = dir.path().join("bench.sock");
+    Ok((dir, path))
 }
 
 fn finish(
@@ -723,6 +742,26 @@ mod tests {
         ] {
             assert_eq!(listen_warning(&private.parse().unwrap()), None, "{private}");
         }
+    }
+
+    /// Local mode's socket is in a fresh directory only this user can enter, removed with it.
+    #[test]
+    fn local_socket_is_in_a_private_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, path) = local_socket().unwrap();
+        let parent = path.parent().unwrap().to_path_buf();
+        assert_eq!(parent, dir.path());
+        assert_ne!(
+            parent,
+            std::env::temp_dir(),
+            "not directly in the shared directory"
+        );
+        let mode = std::fs::metadata(&parent).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+        let (other, _) = local_socket().unwrap();
+        assert_ne!(other.path(), dir.path(), "not predictable from the process");
+        drop(dir);
+        assert!(!parent.exists());
     }
 
     #[test]

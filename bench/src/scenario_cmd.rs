@@ -238,24 +238,22 @@ pub fn run(args: &ScenarioArgs) -> Result<(), String> {
     for t in wanted {
         match t {
             TransportName::Uds => {
-                let path = std::env::temp_dir()
-                    .join(format!("bench-scenario-{}.sock", std::process::id()));
+                // Every socket of the uds runs in one private directory, removed (with them)
+                // when they end, error or not.
+                let (dir, path) = crate::local_socket()?;
                 let uds = UdsTransport::default();
-                let addr = spawn_server(uds.clone(), UdsAddr(path.clone()), place.server_core)?;
-                let r = rt.block_on(run_on(&uds, &addr, "uds", &scenarios, args, &progress));
-                let _ = std::fs::remove_file(&path);
-                rows.extend(r?);
+                let addr = spawn_server(uds.clone(), UdsAddr(path), place.server_core)?;
+                rows.extend(rt.block_on(run_on(&uds, &addr, "uds", &scenarios, args, &progress))?);
                 if fw {
-                    let dir = std::env::temp_dir();
                     let n = std::sync::atomic::AtomicU32::new(0);
-                    let pid = std::process::id();
                     let addr = || {
                         let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        UdsAddr(dir.join(format!("bench-fw-{pid}-{i}.sock")))
+                        UdsAddr(dir.path().join(format!("fw-{i}.sock")))
                     };
                     framework
                         .push(rt.block_on(compare_frameworks("uds", uds, addr, args, &progress))?);
                 }
+                drop(dir);
             }
             TransportName::Tcp => {
                 let tcp = TcpTransport::default();
