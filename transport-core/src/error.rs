@@ -24,6 +24,20 @@ pub enum TransportError {
         /// Bytes the frame announced (prefix included), or 0 when its prefix was incomplete.
         expected: u64,
     },
+    /// A message had started arriving and no more of it came for the configured time
+    /// ([`StreamConfig::frame_timeout`](crate::stream::StreamConfig::frame_timeout)), or its
+    /// memory could not be had from the budget in that time: the connection is closed.
+    #[error(
+        "no progress for {after:?} in the middle of a message ({received} of {expected} bytes received)"
+    )]
+    Stalled {
+        /// Bytes of the frame received so far.
+        received: u64,
+        /// Bytes the frame announced (prefix included), or 0 when its prefix was incomplete.
+        expected: u64,
+        /// The time limit that passed.
+        after: std::time::Duration,
+    },
     /// A message (header + payload) is larger than the configured maximum.
     ///
     /// On send nothing was written. On receive the frame was skipped without buffering its

@@ -10,6 +10,7 @@
 //!   verbs).
 //! - [`Capabilities`] and per-connection [`Metrics`] (messages, bytes, payload bytes copied,
 //!   syscalls, doorbells, registrations, in-flight depth) so tools can explain where time goes.
+//! - [`budget`]: memory budgets shared by a transport's receivers or a server's handlers.
 //! - [`frame`]: the sans-IO stream framing; [`stream`]: connections over any byte stream.
 //! - [`rpc`]: the sans-IO RPC header codec, [`rpc::RpcClient`] and [`rpc::RpcServer`].
 //! - `conformance` (feature `conformance`): the test suite every backend runs.
@@ -30,6 +31,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod budget;
 mod caps;
 mod error;
 pub mod frame;

@@ -8,7 +8,20 @@
 //! large messages reuses memory whose pages are already mapped instead of faulting in fresh
 //! pages for every message (on Linux that cost a large RPC response ~120 page faults per
 //! 500 KB). Framing is [`crate::frame`].
+//!
+//! # What a peer can make a receiver hold
+//!
+//! Nothing is allocated from an announced length alone. A large frame's buffer starts at
+//! `min(length, 1 MiB)` and doubles as its bytes arrive; every byte of it is charged to the
+//! [`StreamConfig::memory_budget`] shared by all receivers made from that config (frames being
+//! read, received large payloads the application still holds, and the buffers pooled for
+//! reuse). When the budget is spent a receiver waits for bytes to come back instead of
+//! allocating; pooled buffers are dropped rather than kept once half the budget is in use. A
+//! frame that has started and makes no progress (no bytes, or no budget) for
+//! [`StreamConfig::frame_timeout`] fails the receiver with [`TransportError::Stalled`]. Small
+//! frames live in the read buffer ([`StreamConfig::read_buffer_size`]), which is not charged.
 
+use crate::budget::{Charge, MemoryBudget};
 use crate::frame::{check_send_size, encode_prefix, FrameDecoder, PREFIX_LEN};
 use crate::{
     Capabilities, HeaderBytes, Message, MessageReceiver, MessageSender, Metrics, TransportError,
@@ -16,15 +29,25 @@ use crate::{
 };
 use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::VecDeque;
+use std::future::Future;
 use std::io::{self, IoSlice};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
 use tokio_util::codec::Decoder;
 
 /// Default largest message: 64 MiB.
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 64 << 20;
 /// Default read buffer: 64 KiB.
 pub const DEFAULT_READ_BUFFER: usize = 64 << 10;
+/// Default memory budget of the receivers made from one [`StreamConfig`]: 512 MiB.
+pub const DEFAULT_RECEIVE_BUDGET: usize = 512 << 20;
+/// Default time a started frame may go without progress: 30 s.
+pub const DEFAULT_FRAME_TIMEOUT: Duration = Duration::from_secs(30);
+/// First allocation for a large frame whose buffer is not reused from the pool; it then
+/// doubles as bytes arrive (so an announced length alone costs at most this much).
+const LARGE_FIRST_CHUNK: usize = 1 << 20;
 /// Slices per vectored write (two per message; well under IOV_MAX).
 const MAX_SLICES: usize = 64;
 /// Most large-frame buffers a receiver keeps for reuse.
@@ -40,12 +63,26 @@ const LARGE_POOL_MAX_BUFFER: usize = 16 << 20;
 const READ_AFTER_LARGE: usize = 1024;
 
 /// Settings shared by the stream backends.
+///
+/// Cloning shares the [`memory_budget`](StreamConfig::memory_budget): every connection of a
+/// transport made from one config draws on the same budget.
 #[derive(Debug, Clone)]
 pub struct StreamConfig {
     /// Largest message (header + payload) accepted on receive and allowed on send.
     pub max_message_size: usize,
     /// Size of the read buffer small frames are read into.
     pub read_buffer_size: usize,
+    /// Bytes all receivers of this config may hold in large frames being read, received
+    /// large payloads not yet dropped, and pooled buffers (default
+    /// [`DEFAULT_RECEIVE_BUDGET`]). Over budget a receiver waits instead of allocating.
+    /// Should be at least `max_message_size`.
+    pub memory_budget: Arc<MemoryBudget>,
+    /// Longest time a frame that has started may go without progress (no bytes arrive or
+    /// no budget is free) before the receiver fails with [`TransportError::Stalled`]
+    /// (default [`DEFAULT_FRAME_TIMEOUT`]; `None`: wait forever). Time between messages is
+    /// not limited here (see the RPC server's idle timeout). A limit needs a tokio runtime
+    /// with its time driver enabled.
+    pub frame_timeout: Option<Duration>,
 }
 
 impl StreamConfig {
@@ -74,6 +111,8 @@ impl Default for StreamConfig {
         StreamConfig {
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             read_buffer_size: DEFAULT_READ_BUFFER,
+            memory_budget: MemoryBudget::new(DEFAULT_RECEIVE_BUDGET),
+            frame_timeout: Some(DEFAULT_FRAME_TIMEOUT),
         }
     }
 }
@@ -216,42 +255,49 @@ impl<W: AsyncWrite + Unpin + Send + 'static> MessageSender for StreamSender<W> {
     }
 }
 
-/// Buffers of received large frames, returned when their payload is dropped.
-#[derive(Debug, Default)]
+/// Buffers of received large frames, returned when their payload is dropped. Each keeps its
+/// charge to the budget while pooled.
+#[derive(Debug)]
 struct LargePool {
-    free: Mutex<Vec<Vec<u8>>>,
+    free: Mutex<Vec<(Vec<u8>, Charge)>>,
+    budget: Arc<MemoryBudget>,
 }
 
 impl LargePool {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+    fn new(budget: Arc<MemoryBudget>) -> LargePool {
+        LargePool {
+            free: Mutex::default(),
+            budget,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Vec<u8>, Charge)>> {
         self.free.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// An empty buffer with room for `total` bytes (reused if one fits without much waste).
-    fn take(&self, total: usize) -> Vec<u8> {
-        let reused = {
-            let mut free = self.lock();
-            free.iter()
-                .position(|b| b.capacity() >= total && b.capacity() / 2 <= total)
-                .map(|i| free.swap_remove(i))
-        };
-        match reused {
-            Some(mut b) => {
-                b.clear();
-                b
-            }
-            None => Vec::with_capacity(total),
-        }
+    /// An empty buffer with room for `total` bytes, if one is pooled that fits without
+    /// much waste.
+    fn take(&self, total: usize) -> Option<(Vec<u8>, Charge)> {
+        let mut free = self.lock();
+        let i = free
+            .iter()
+            .position(|(b, _)| b.capacity() >= total && b.capacity() / 2 <= total)?;
+        let (mut b, charge) = free.swap_remove(i);
+        b.clear();
+        Some((b, charge))
     }
 
-    fn give(&self, buf: Vec<u8>) {
-        if buf.capacity() > LARGE_POOL_MAX_BUFFER {
+    /// Keeps `buf` for reuse if it is not too large, the pool is not full, and at most half
+    /// the budget is in use (pooled memory must not keep other connections from reading);
+    /// otherwise frees it and its charge.
+    fn give(&self, buf: Vec<u8>, charge: Charge) {
+        if buf.capacity() > LARGE_POOL_MAX_BUFFER || self.budget.used() > self.budget.limit() / 2 {
             return;
         }
         let mut free = self.lock();
-        let held: usize = free.iter().map(Vec::capacity).sum();
+        let held: usize = free.iter().map(|(b, _)| b.capacity()).sum();
         if free.len() < LARGE_POOL_MAX_BUFFERS && held + buf.capacity() <= LARGE_POOL_MAX_BYTES {
-            free.push(buf);
+            free.push((buf, charge));
         }
     }
 }
@@ -259,6 +305,7 @@ impl LargePool {
 /// Owner of a received large frame; gives the buffer back to its pool on drop.
 struct PooledFrame {
     buf: Vec<u8>,
+    charge: Charge,
     pool: Arc<LargePool>,
 }
 
@@ -270,16 +317,29 @@ impl AsRef<[u8]> for PooledFrame {
 
 impl Drop for PooledFrame {
     fn drop(&mut self) {
-        self.pool.give(std::mem::take(&mut self.buf));
+        self.pool.give(
+            std::mem::take(&mut self.buf),
+            std::mem::take(&mut self.charge),
+        );
     }
 }
 
 /// A large frame being read: prefix, header and payload land in `buf` until it holds `total`.
+/// `charge` covers `buf`'s capacity.
 #[derive(Debug)]
 struct LargeFrame {
     buf: Vec<u8>,
+    charge: Charge,
     total: usize,
     header_len: usize,
+}
+
+/// Runs `f` until `deadline` (if any); `None` if the deadline passed first.
+async fn until<F: Future>(deadline: Option<Instant>, f: F) -> Option<F::Output> {
+    match deadline {
+        None => Some(f.await),
+        Some(d) => tokio::time::timeout_at(d, f).await.ok(),
+    }
 }
 
 /// The receiving half of a stream connection.
@@ -296,6 +356,11 @@ pub struct StreamReceiver<R> {
     /// The last frame was large: read only [`READ_AFTER_LARGE`] bytes ahead until a small
     /// frame shows up again.
     after_large: bool,
+    frame_timeout: Option<Duration>,
+    /// When the frame in progress times out, if it does not progress before.
+    stall_deadline: Option<Instant>,
+    /// Bytes arrived (or a message was taken) since `stall_deadline` was set.
+    progressed: bool,
 }
 
 impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
@@ -309,8 +374,11 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
             read_buffer_size: config.read_buffer_size.max(PREFIX_LEN + MAX_HEADER_LEN),
             failed: None,
             large: None,
-            large_pool: Arc::default(),
+            large_pool: Arc::new(LargePool::new(config.memory_budget.clone())),
             after_large: false,
+            frame_timeout: config.frame_timeout,
+            stall_deadline: None,
+            progressed: true,
         }
     }
 
@@ -326,12 +394,45 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
         e
     }
 
+    /// The deadline of the frame in progress: renewed when it progressed since the last wait.
+    /// Reads the clock only then.
+    fn stall_deadline(&mut self) -> Option<Instant> {
+        let t = self.frame_timeout?;
+        if self.progressed || self.stall_deadline.is_none() {
+            self.stall_deadline = Some(Instant::now() + t);
+            self.progressed = false;
+        }
+        self.stall_deadline
+    }
+
+    fn stalled(&mut self, received: usize, expected: usize) -> TransportError {
+        let e = TransportError::Stalled {
+            received: received as u64,
+            expected: expected as u64,
+            after: self.frame_timeout.unwrap_or_default(),
+        };
+        self.fail(e)
+    }
+
     /// Moves the start of a frame larger than the read buffer (its prefix already validated
-    /// by the decoder) into a pooled buffer of the frame's size; the rest is read straight
-    /// into that buffer.
-    fn start_large(&mut self, total: usize) {
+    /// by the decoder) into a buffer of its own: a pooled one that fits, or a new one of at
+    /// most [`LARGE_FIRST_CHUNK`] charged to the budget (waiting for budget if need be). The
+    /// rest is read straight into that buffer. Cancel safe: nothing changes until the buffer
+    /// is had.
+    async fn start_large(&mut self, total: usize) -> Result<(), TransportError> {
         let header_len = self.buf[3] as usize;
-        let mut buf = self.large_pool.take(total);
+        let (mut buf, charge) = match self.large_pool.take(total) {
+            Some(reused) => reused,
+            None => {
+                let first = total.min(LARGE_FIRST_CHUNK.max(self.buf.len()));
+                let deadline = self.stall_deadline();
+                let budget = self.large_pool.budget.clone();
+                match until(deadline, budget.charge(first)).await {
+                    Some(charge) => (Vec::with_capacity(first), charge),
+                    None => return Err(self.stalled(self.buf.len(), total)),
+                }
+            }
+        };
         buf.extend_from_slice(&self.buf);
         // The payload bytes that were read ahead into the read buffer had to be moved.
         self.metrics
@@ -341,36 +442,54 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
         self.decoder = FrameDecoder::new(self.decoder.max_message_size());
         self.large = Some(LargeFrame {
             buf,
+            charge,
             total,
             header_len,
         });
+        Ok(())
     }
 
-    /// Reads the large frame in progress to its end. Cancel safe: progress stays in `large`.
+    /// Reads the large frame in progress to its end, growing its buffer (and its charge) as
+    /// bytes arrive. Cancel safe: progress stays in `large`.
     async fn finish_large(&mut self) -> Result<Message, TransportError> {
         loop {
+            let (len, total, full) = {
+                let lf = self.large.as_ref().expect("a large frame is in progress");
+                (lf.buf.len(), lf.total, lf.buf.len() == lf.buf.capacity())
+            };
+            if len == total {
+                break;
+            }
+            let deadline = self.stall_deadline();
+            if full {
+                let lf = self.large.as_mut().expect("a large frame is in progress");
+                let more = total.min(len.saturating_mul(2)) - len;
+                if until(deadline, lf.charge.grow(more)).await.is_none() {
+                    return Err(self.stalled(len, total));
+                }
+                lf.buf.reserve_exact(more);
+                // Growing may move what arrived so far.
+                self.metrics.payload_bytes_copied.add(len as u64);
+            }
             let read = {
                 let lf = self.large.as_mut().expect("a large frame is in progress");
-                let want = lf.total - lf.buf.len();
-                if want == 0 {
-                    break;
-                }
-                let mut room = (&mut lf.buf).limit(want);
-                self.io.read_buf(&mut room).await
+                let mut room = (&mut lf.buf).limit(total - len);
+                until(deadline, self.io.read_buf(&mut room)).await
             };
             let n = match read {
-                Ok(n) => n,
-                Err(e) => return Err(self.fail(e.into())),
+                Some(Ok(n)) => n,
+                Some(Err(e)) => return Err(self.fail(e.into())),
+                None => return Err(self.stalled(len, total)),
             };
             self.metrics.syscalls.incr();
             if n == 0 {
-                let lf = self.large.as_ref().expect("a large frame is in progress");
                 let e = TransportError::Truncated {
-                    received: lf.buf.len() as u64,
-                    expected: lf.total as u64,
+                    received: len as u64,
+                    expected: total as u64,
                 };
                 return Err(self.fail(e));
             }
+            self.progressed = true;
             self.metrics.bytes_received.add(n as u64);
         }
         let lf = self.large.take().expect("a large frame is in progress");
@@ -379,6 +498,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
         let total = lf.total;
         let payload = Bytes::from_owner(PooledFrame {
             buf: lf.buf,
+            charge: lf.charge,
             pool: self.large_pool.clone(),
         })
         .slice(start..total);
@@ -416,12 +536,14 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
             if self.large.is_some() {
                 let msg = self.finish_large().await?;
                 self.after_large = true;
+                self.progressed = true;
                 self.metrics.messages_received.incr();
                 return Ok(Some(msg));
             }
             match self.decoder.decode(&mut self.buf) {
                 Ok(Some(msg)) => {
                     self.after_large = false;
+                    self.progressed = true;
                     self.metrics.messages_received.incr();
                     return Ok(Some(msg));
                 }
@@ -430,7 +552,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
             }
             if let Some(total) = self.decoder.pending_frame_len() {
                 if total > self.read_buffer_size {
-                    self.start_large(total);
+                    self.start_large(total).await?;
                     continue;
                 }
             }
@@ -440,10 +562,26 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
             } else {
                 usize::MAX
             };
-            let n = match self.io.read_buf(&mut (&mut self.buf).limit(limit)).await {
-                Ok(n) => n,
-                Err(e) => return Err(self.fail(e.into())),
+            // Between messages a read may wait forever; inside one, only `frame_timeout`.
+            let deadline = if self.buf.is_empty() {
+                None
+            } else {
+                self.stall_deadline()
             };
+            let read = until(
+                deadline,
+                self.io.read_buf(&mut (&mut self.buf).limit(limit)),
+            )
+            .await;
+            let n = match read {
+                Some(Ok(n)) => n,
+                Some(Err(e)) => return Err(self.fail(e.into())),
+                None => {
+                    let expected = self.decoder.pending_frame_len().unwrap_or(0);
+                    return Err(self.stalled(self.buf.len(), expected));
+                }
+            };
+            self.progressed = true;
             self.metrics.syscalls.incr();
             if n == 0 {
                 return match self.decoder.decode_eof(&mut self.buf) {
@@ -493,6 +631,7 @@ mod tests {
         let cfg = StreamConfig {
             max_message_size: max,
             read_buffer_size: 4096,
+            ..StreamConfig::default()
         };
         let m = Arc::new(Metrics::default());
         (
@@ -552,6 +691,7 @@ mod tests {
         let cfg = StreamConfig {
             max_message_size: 1 << 20,
             read_buffer_size: 64 << 10,
+            ..StreamConfig::default()
         };
         let m = Arc::new(Metrics::default());
         let mut tx = StreamSender::new(a, m.clone(), &cfg);
@@ -599,6 +739,7 @@ mod tests {
         let cfg = StreamConfig {
             max_message_size: 1 << 20,
             read_buffer_size: 4096,
+            ..StreamConfig::default()
         };
         let mut rx = StreamReceiver::new(b, Arc::default(), &cfg);
         assert_eq!(rx.remaining_in_message(), None);
@@ -672,6 +813,7 @@ mod tests {
         let cfg = StreamConfig {
             max_message_size: 1 << 20,
             read_buffer_size: 4096,
+            ..StreamConfig::default()
         };
         let mut rx = StreamReceiver::new(b, Arc::new(Metrics::default()), &cfg);
         let payload: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
@@ -755,6 +897,7 @@ mod tests {
         let cfg = StreamConfig {
             max_message_size: 1024,
             read_buffer_size: 4096,
+            ..StreamConfig::default()
         };
         let mut rx = StreamReceiver::new(b, Arc::new(Metrics::default()), &cfg);
         let mut raw = a;
@@ -807,6 +950,183 @@ mod tests {
             .await
             .unwrap();
         assert!(matches!(rx.recv().await, Err(TransportError::Malformed(_))));
+    }
+
+    /// A receiver with its own budget, read side fed by hand.
+    fn budgeted(
+        budget: usize,
+    ) -> (
+        tokio::io::DuplexStream,
+        StreamReceiver<tokio::io::DuplexStream>,
+    ) {
+        let (raw, b) = tokio::io::duplex(8 << 20);
+        let cfg = StreamConfig {
+            max_message_size: 64 << 20,
+            read_buffer_size: 4096,
+            memory_budget: MemoryBudget::new(budget),
+            frame_timeout: Some(Duration::from_secs(30)),
+        };
+        (raw, StreamReceiver::new(b, Arc::default(), &cfg))
+    }
+
+    /// Announcing a 60 MiB frame costs the receiver one first chunk, not 60 MiB: what it
+    /// holds grows with what arrives, charged to the budget.
+    #[tokio::test(start_paused = true)]
+    async fn an_announced_length_alone_allocates_one_first_chunk() {
+        let (mut raw, mut rx) = budgeted(512 << 20);
+        let budget = rx.large_pool.budget.clone();
+        let len = 60 << 20;
+        let mut head = encode_prefix(2, len).to_vec();
+        head.extend_from_slice(b"hh");
+        raw.write_all(&head).await.unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await;
+        assert!(r.is_err(), "nothing to deliver yet");
+        assert_eq!(budget.used(), LARGE_FIRST_CHUNK, "one first chunk, charged");
+        // 3 MiB arrive: the buffer doubles to 4 MiB, not to 60.
+        raw.write_all(&vec![1u8; 3 << 20]).await.unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await;
+        assert!(r.is_err(), "still incomplete");
+        assert_eq!(budget.used(), 4 << 20, "grown with the bytes that arrived");
+        drop(raw);
+        assert!(matches!(
+            rx.recv().await,
+            Err(TransportError::Truncated { .. })
+        ));
+        drop(rx);
+        assert_eq!(budget.used(), 0, "everything given back");
+    }
+
+    /// Many connections announcing large frames together hold at most the budget: the others
+    /// wait for budget, and a frame that gets neither bytes nor budget for `frame_timeout`
+    /// fails with `Stalled`.
+    #[tokio::test(start_paused = true)]
+    async fn announcements_on_many_connections_stay_within_the_budget_then_stall() {
+        let budget = MemoryBudget::new(4 << 20);
+        let mut peers = Vec::new();
+        let mut tasks = Vec::new();
+        for _ in 0..20 {
+            let (raw, b) = tokio::io::duplex(1 << 16);
+            let cfg = StreamConfig {
+                max_message_size: 64 << 20,
+                read_buffer_size: 4096,
+                memory_budget: budget.clone(),
+                frame_timeout: Some(Duration::from_secs(30)),
+            };
+            let mut rx = StreamReceiver::new(b, Arc::default(), &cfg);
+            let mut raw = raw;
+            raw.write_all(&encode_prefix(0, 60 << 20)).await.unwrap();
+            raw.write_all(&[7u8; 100]).await.unwrap();
+            peers.push(raw);
+            tasks.push(tokio::spawn(async move { rx.recv().await.map(|_| ()) }));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(budget.used() <= 4 << 20, "held {} bytes", budget.used());
+        for t in tasks {
+            match tokio::time::timeout(Duration::from_secs(40), t).await {
+                Ok(Ok(Err(TransportError::Stalled { expected, .. }))) => {
+                    assert_eq!(expected, (60 << 20) + PREFIX_LEN as u64)
+                }
+                other => panic!("expected Stalled, got {other:?}"),
+            }
+        }
+        assert_eq!(budget.used(), 0);
+        drop(peers);
+    }
+
+    /// A small frame that stops half-way fails after `frame_timeout`; an idle connection
+    /// (nothing started) does not.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_small_frame_times_out_but_idle_does_not() {
+        let (mut raw, mut rx) = budgeted(1 << 20);
+        let idle = tokio::time::timeout(Duration::from_secs(600), rx.recv()).await;
+        assert!(idle.is_err(), "no limit between messages");
+        let mut wire = encode_prefix(0, 100).to_vec();
+        wire.extend_from_slice(&[1u8; 10]);
+        raw.write_all(&wire).await.unwrap();
+        let start = tokio::time::Instant::now();
+        match rx.recv().await {
+            Err(TransportError::Stalled {
+                received,
+                expected,
+                after,
+            }) => {
+                assert_eq!((received, expected), (18, 108));
+                assert_eq!(after, Duration::from_secs(30));
+            }
+            other => panic!("expected Stalled, got {other:?}"),
+        }
+        assert!(start.elapsed() >= Duration::from_secs(30));
+        assert!(start.elapsed() < Duration::from_secs(31));
+        assert!(rx.recv().await.is_err(), "the receiver stays failed");
+    }
+
+    /// A frame that keeps arriving slowly is not cut: the limit counts from the last byte.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_frame_that_progresses_is_not_cut() {
+        let (mut raw, mut rx) = budgeted(64 << 20);
+        let payload = vec![3u8; 200_000];
+        let mut wire = encode_prefix(0, payload.len()).to_vec();
+        wire.extend_from_slice(&payload);
+        let writer = tokio::spawn(async move {
+            for chunk in wire.chunks(20_000) {
+                tokio::time::sleep(Duration::from_secs(20)).await;
+                raw.write_all(chunk).await.unwrap();
+            }
+            raw
+        });
+        let m = rx
+            .recv()
+            .await
+            .expect("20 s gaps are within the 30 s limit")
+            .unwrap();
+        assert_eq!(m.payload.len(), payload.len());
+        let _raw = writer.await.unwrap();
+    }
+
+    /// A received large payload stays charged while the application holds it; a receiver
+    /// that needs more waits until it is dropped.
+    #[tokio::test]
+    async fn held_payloads_count_and_their_return_unblocks_a_waiting_receiver() {
+        let budget = MemoryBudget::new(2 << 20);
+        let cfg = StreamConfig {
+            max_message_size: 64 << 20,
+            read_buffer_size: 4096,
+            memory_budget: budget.clone(),
+            frame_timeout: Some(Duration::from_secs(30)),
+        };
+        let frame = |fill: u8| {
+            let mut w = encode_prefix(0, 1_500_000).to_vec();
+            w.extend(std::iter::repeat_n(fill, 1_500_000));
+            w
+        };
+        let (mut raw_a, a) = tokio::io::duplex(4 << 20);
+        let (mut raw_b, b) = tokio::io::duplex(4 << 20);
+        let mut rx_a = StreamReceiver::new(a, Arc::default(), &cfg);
+        let mut rx_b = StreamReceiver::new(b, Arc::default(), &cfg);
+        raw_a.write_all(&frame(1)).await.unwrap();
+        raw_b.write_all(&frame(2)).await.unwrap();
+        let held = rx_a.recv().await.unwrap().unwrap();
+        assert!(budget.used() >= 1_500_000, "the held payload is charged");
+        let waiting = tokio::spawn(async move { rx_b.recv().await });
+        let early = tokio::time::timeout(Duration::from_millis(100), async {
+            while !waiting.is_finished() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        assert!(
+            early.is_err(),
+            "b waits for budget while a's payload is held"
+        );
+        assert!(held.payload.iter().all(|&x| x == 1));
+        drop(held);
+        let m = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("b proceeds once the payload is dropped")
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(m.payload.len() == 1_500_000 && m.payload.iter().all(|&x| x == 2));
     }
 
     #[tokio::test]

@@ -191,9 +191,9 @@ proptest! {
     #[test]
     fn stream_receiver_bounds_its_allocation(pieces in prop::collection::vec(piece(), 0..12)) {
         let data = wire(&pieces);
-        let config = StreamConfig { max_message_size: MAX, read_buffer_size: 512 };
+        let config = StreamConfig { max_message_size: MAX, read_buffer_size: 512, ..StreamConfig::default() };
         let bound = (PREFIX_LEN + MAX).max(2 * (config.read_buffer_size + PREFIX_LEN + MAX_HEADER_LEN));
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         rt.block_on(async {
             let mut rx = StreamReceiver::new(Cursor::new(data), Arc::new(Metrics::default()), &config);
             for _ in 0..1000 {
