@@ -43,6 +43,8 @@ mod transport;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(feature = "conformance")]
+pub mod hostile;
 
 pub use caps::Capabilities;
 pub use error::{BackendError, TransportError};

@@ -1,7 +1,11 @@
-//! TCP on loopback as a backend of transport-core's conformance suite (feature `conformance`).
+//! TCP on loopback as a backend of transport-core's conformance and hostile-peer suites
+//! (feature `conformance`).
 
 use std::net::SocketAddr;
+use tokio::net::TcpStream;
 use transport_core::conformance::Backend;
+use transport_core::hostile::StreamBackend;
+use transport_core::stream::StreamConfig;
 
 use crate::{TcpConfig, TcpTransport};
 
@@ -16,5 +20,18 @@ impl Backend for TcpBackend {
     }
     fn listen_addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 0))
+    }
+}
+
+impl StreamBackend for TcpBackend {
+    type Raw = TcpStream;
+    fn stream_transport(&self, stream: StreamConfig) -> TcpTransport {
+        TcpTransport::new(TcpConfig {
+            stream,
+            ..TcpConfig::default()
+        })
+    }
+    async fn connect_raw(&self, addr: &SocketAddr) -> std::io::Result<TcpStream> {
+        TcpStream::connect(addr).await
     }
 }

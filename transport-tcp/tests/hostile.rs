@@ -1,0 +1,5 @@
+//! transport-core's hostile-peer suite, against TCP on loopback.
+
+use transport_tcp::conformance::TcpBackend;
+
+transport_core::hostile_stream_tests!(TcpBackend);
