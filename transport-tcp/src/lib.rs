@@ -6,6 +6,18 @@
 //! buffers (no user-space payload copy on send; received payloads are slices of the read
 //! buffer).
 //!
+//! ## Dead peers: keepalive
+//!
+//! A peer whose machine dies or whose network goes away sends nothing, not even a reset: a
+//! connection to it would stay open forever, holding its calls and memory. Every connection
+//! (connected and accepted) therefore turns on TCP keepalive ([`TcpConfig::keepalive`],
+//! default 60 s): after that long without traffic the kernel sends a probe every
+//! [`KEEPALIVE_INTERVAL`] (10 s), and after [`KEEPALIVE_RETRIES`] (5) unanswered probes it
+//! resets the connection, which fails its pending receives and calls. A dead peer is thus
+//! noticed within about 60 + 5 x 10 = 110 s. `None` leaves keepalive off. Keepalive says
+//! nothing about a live peer that merely stays silent: the RPC server's `idle_timeout` and
+//! the stream framing's `frame_timeout` are for those.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), transport_core::TransportError> {
 //! use bytes::Bytes;
@@ -22,9 +34,10 @@
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
-use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener as TokioListener, TcpStream};
 use transport_core::stream::{StreamConfig, StreamReceiver, StreamSender};
@@ -43,7 +56,21 @@ pub struct TcpConfig {
     pub recv_buffer_size: Option<usize>,
     /// Listen backlog.
     pub backlog: i32,
+    /// TCP keepalive on every connection: the time without traffic before the first probe
+    /// (`TCP_KEEPIDLE`), then probes every [`KEEPALIVE_INTERVAL`], and the connection is
+    /// reset after [`KEEPALIVE_RETRIES`] unanswered ones. Default `Some(60 s)`
+    /// ([`DEFAULT_KEEPALIVE`]); `None` turns keepalive off. See the
+    /// [crate docs](crate#dead-peers-keepalive).
+    pub keepalive: Option<Duration>,
 }
+
+/// Default [`TcpConfig::keepalive`]: the first probe after 60 s without traffic.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(60);
+/// Time between keepalive probes once they started (`TCP_KEEPINTVL`): 10 s.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Unanswered keepalive probes after which the kernel resets the connection
+/// (`TCP_KEEPCNT`): 5.
+pub const KEEPALIVE_RETRIES: u32 = 5;
 
 impl Default for TcpConfig {
     fn default() -> Self {
@@ -53,6 +80,7 @@ impl Default for TcpConfig {
             send_buffer_size: None,
             recv_buffer_size: None,
             backlog: 1024,
+            keepalive: Some(DEFAULT_KEEPALIVE),
         }
     }
 }
@@ -74,6 +102,19 @@ impl TcpConfig {
         }
         sock.set_nodelay(self.nodelay)?;
         Ok(())
+    }
+
+    /// Sets keepalive on a connection as configured.
+    fn apply_keepalive(&self, sock: SockRef<'_>) -> std::io::Result<()> {
+        match self.keepalive {
+            Some(time) => sock.set_tcp_keepalive(
+                &TcpKeepalive::new()
+                    .with_time(time)
+                    .with_interval(KEEPALIVE_INTERVAL)
+                    .with_retries(KEEPALIVE_RETRIES),
+            ),
+            None => sock.set_keepalive(false),
+        }
     }
 }
 
@@ -173,8 +214,11 @@ pub struct TcpConnection {
 }
 
 impl TcpConnection {
+    /// A connection on a connected or accepted stream: options that are per connection are
+    /// set here, for both.
     fn new(stream: TcpStream, config: TcpConfig) -> Result<TcpConnection, TransportError> {
         stream.set_nodelay(config.nodelay)?;
+        config.apply_keepalive(SockRef::from(&stream))?;
         let peer = stream
             .peer_addr()
             .map(|a| a.to_string())
