@@ -105,6 +105,8 @@ struct Shared<S> {
     state: Mutex<State>,
     next_id: AtomicU64,
     slots: Semaphore,
+    /// Set by `close`: calls fail before waiting for a slot (`close` holds them all).
+    closing: std::sync::atomic::AtomicBool,
     metrics: Arc<Metrics>,
     pool: Arc<dyn BufferPool>,
     max_message_size: usize,
@@ -356,6 +358,7 @@ impl<S: MessageSender> RpcClient<S> {
             }),
             next_id: AtomicU64::new(1),
             slots: Semaphore::new(config.max_in_flight.clamp(1, Semaphore::MAX_PERMITS)),
+            closing: std::sync::atomic::AtomicBool::new(false),
             metrics,
             config,
         });
@@ -392,6 +395,9 @@ impl<S: MessageSender> RpcClient<S> {
 
     async fn call_inner(&self, method: u32, payload: Bytes) -> Result<Bytes, RpcError> {
         self.check_size(payload.len())?;
+        if self.shared.closing.load(Ordering::Relaxed) {
+            return Err(RpcError::ClientClosed);
+        }
         let _slot = self
             .shared
             .slots
@@ -451,8 +457,11 @@ impl<S: MessageSender> RpcClient<S> {
         self.shared.max_message_size.saturating_sub(RPC_HEADER_LEN)
     }
 
-    /// Closes the sending direction. Calls already sent still receive their responses (the
-    /// server answers them, then closes); new calls fail with [`RpcError::ClientClosed`].
+    /// Closes the client: new calls fail with [`RpcError::ClientClosed`] at once; calls in
+    /// flight finish first (answered, failed, past their deadline or dropped), then the
+    /// sending direction is closed. A server cancels whatever still runs for a connection its
+    /// peer closed (`ServerConfig::cancel_on_close`), so closing does not cut calls short.
+    /// Give calls deadlines (or wrap `close` in a timeout) if the server may never answer.
     pub async fn close(&self) -> Result<(), RpcError> {
         {
             let mut st = self.shared.state();
@@ -460,6 +469,19 @@ impl<S: MessageSender> RpcClient<S> {
                 st.closed = Some(RpcError::ClientClosed);
             }
         }
+        self.shared.closing.store(true, Ordering::Relaxed);
+        // Every call holds a slot until it ends: all slots free means no call in flight. An
+        // error means the connection is gone (nothing will be answered anyway).
+        let slots = self
+            .shared
+            .config
+            .max_in_flight
+            .clamp(1, Semaphore::MAX_PERMITS);
+        let _all = self
+            .shared
+            .slots
+            .acquire_many(u32::try_from(slots).unwrap_or(u32::MAX))
+            .await;
         let mut writer = self.shared.writer.lock().await;
         self.shared.finish_write(&mut writer).await;
         match writer.sender.as_mut() {

@@ -21,6 +21,9 @@ pub mod code {
     pub const INTERNAL: u32 = 5;
     /// The server is shutting down.
     pub const UNAVAILABLE: u32 = 6;
+    /// A request reused the id of a call still in flight on the connection; the call already
+    /// running is not affected.
+    pub const REQUEST_ID_IN_USE: u32 = 7;
     /// First code free for applications.
     pub const APPLICATION: u32 = 1000;
 }

@@ -2,6 +2,7 @@
 
 use super::error::{code, RpcError, Status};
 use super::header::{Kind, RpcHeader, RPC_HEADER_LEN};
+use crate::budget::{Charge, MemoryBudget};
 use crate::{
     BufferPool, Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender,
     Metrics, SendBuffer, TransportError,
@@ -17,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -70,22 +72,99 @@ where
     }
 }
 
+/// Default of [`ServerConfig::max_request_bytes_per_connection`]: 64 MiB.
+pub const DEFAULT_REQUEST_BYTES_PER_CONNECTION: usize = 64 << 20;
+/// Default of [`ServerConfig::memory_budget`]: 1 GiB.
+pub const DEFAULT_SERVER_BUDGET: usize = 1 << 30;
+
 /// Server settings.
+///
+/// Limits on what peers can make the server hold: calls and request bytes per connection,
+/// request bytes over all connections (a shared [`MemoryBudget`]; clones of a config share
+/// it). Past a limit the server stops reading the connection until handlers finish: the
+/// peer's sends block (back-pressure); nothing is dropped and nothing grows.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Most calls run at once per connection; the server stops reading that connection until
     /// one finishes (back-pressure instead of unbounded memory).
     pub max_in_flight_per_connection: usize,
+    /// Most request payload bytes held by the running handlers of one connection (default
+    /// [`DEFAULT_REQUEST_BYTES_PER_CONNECTION`]). A single larger request still runs when
+    /// nothing else does.
+    pub max_request_bytes_per_connection: usize,
+    /// Request payload bytes held by running handlers over all connections of the server
+    /// (default [`DEFAULT_SERVER_BUDGET`]). Bytes a transport holds while receiving are
+    /// bounded by its own budget (`StreamConfig::memory_budget` on sockets).
+    pub memory_budget: Arc<MemoryBudget>,
     /// Time limit for a handler; past it the call gets [`code::DEADLINE_EXCEEDED`].
     pub handler_timeout: Option<Duration>,
+    /// Close a connection that has had no message and no running call for this long
+    /// (default `None`: idle connections stay open; TCP keepalive still detects dead peers).
+    pub idle_timeout: Option<Duration>,
+    /// When the peer closes the connection (or it fails), drop its running handlers, which
+    /// cancels them and frees the requests they hold (default `true`). With `false` they run
+    /// to the end and their replies are written if the peer still reads.
+    /// [`RpcClient::close`](super::RpcClient::close) waits for its own calls before closing,
+    /// so its calls are answered either way.
+    pub cancel_on_close: bool,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             max_in_flight_per_connection: 4096,
+            max_request_bytes_per_connection: DEFAULT_REQUEST_BYTES_PER_CONNECTION,
+            memory_budget: MemoryBudget::new(DEFAULT_SERVER_BUDGET),
             handler_timeout: None,
+            idle_timeout: None,
+            cancel_on_close: true,
         }
+    }
+}
+
+/// Accept failures (out of file descriptors, memory, ...): wait before the next accept,
+/// doubling up to a bound while they continue, and log at most once per interval with the
+/// number of failures since the last line. Plain data: the caller supplies the time.
+#[derive(Debug)]
+pub(crate) struct AcceptBackoff {
+    delay: Duration,
+    failures_since_log: u64,
+    last_log: Option<Instant>,
+}
+
+impl AcceptBackoff {
+    const FIRST: Duration = Duration::from_millis(5);
+    const MAX: Duration = Duration::from_secs(1);
+    /// At most one log line per this interval.
+    pub(crate) const LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+    pub(crate) fn new() -> AcceptBackoff {
+        AcceptBackoff {
+            delay: Self::FIRST,
+            failures_since_log: 0,
+            last_log: None,
+        }
+    }
+
+    /// Records a failure at `now`: how long to wait, and `Some(count)` when a log line is
+    /// due, `count` being the failures it reports.
+    pub(crate) fn failed(&mut self, now: Instant) -> (Duration, Option<u64>) {
+        self.failures_since_log += 1;
+        let wait = self.delay;
+        self.delay = (self.delay * 2).min(Self::MAX);
+        let due = self
+            .last_log
+            .is_none_or(|t| now.duration_since(t) >= Self::LOG_INTERVAL);
+        let log = due.then(|| {
+            self.last_log = Some(now);
+            std::mem::take(&mut self.failures_since_log)
+        });
+        (wait, log)
+    }
+
+    /// An accept succeeded: the next failure waits the shortest time again.
+    pub(crate) fn succeeded(&mut self) {
+        self.delay = Self::FIRST;
     }
 }
 
@@ -162,12 +241,18 @@ impl<H: Handler> RpcServer<H> {
     }
 
     /// Accepts connections and serves each in its own task, until [`RpcServer::shutdown`].
+    ///
+    /// An accept that fails (out of file descriptors or memory, ...) is retried after a
+    /// pause that doubles while failures continue (5 ms up to 1 s), and logged at most once
+    /// per 10 s with the number of failures.
     pub async fn serve<L: Listener>(&self, mut listener: L) -> Result<(), TransportError> {
+        let mut backoff = AcceptBackoff::new();
         loop {
             tokio::select! {
                 _ = self.inner.shutdown.cancelled() => return Ok(()),
                 accepted = listener.accept() => match accepted {
                     Ok(conn) => {
+                        backoff.succeeded();
                         let this = self.clone();
                         self.inner.connections.spawn(async move {
                             let peer = conn.peer();
@@ -177,9 +262,15 @@ impl<H: Handler> RpcServer<H> {
                         });
                     }
                     Err(e) => {
-                        // Out of file descriptors and the like: wait a little, keep serving.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        // Out of file descriptors and the like: wait, keep serving.
+                        let (wait, log) = backoff.failed(Instant::now());
+                        if let Some(failures) = log {
+                            tracing::warn!(error = %e, failures, "accept failing; backing off");
+                        }
+                        tokio::select! {
+                            _ = self.inner.shutdown.cancelled() => return Ok(()),
+                            _ = tokio::time::sleep(wait) => {}
+                        }
                     }
                 },
             }
@@ -209,6 +300,14 @@ impl<H: Handler> RpcServer<H> {
         let pool = tx.buffer_pool();
         let inner = &*self.inner;
         let max_in_flight = inner.config.max_in_flight_per_connection.max(1);
+        let max_held = inner.config.max_request_bytes_per_connection;
+        let budget = &inner.config.memory_budget;
+        // Request bytes held by this connection's running handlers.
+        let mut held = 0usize;
+        let mut idle = inner
+            .config
+            .idle_timeout
+            .map(|t| (t, Box::pin(tokio::time::sleep(t))));
         let mut running: FuturesUnordered<RunningCall> = FuturesUnordered::new();
         let mut aborts: HashMap<u64, AbortHandle> = HashMap::new();
         let mut reading = true;
@@ -226,10 +325,21 @@ impl<H: Handler> RpcServer<H> {
             if !reading && running.is_empty() {
                 break Ok(());
             }
+            // Read while calls, this connection's request bytes and the server's budget allow
+            // (a connection holding nothing may always read: one request can always run).
+            let budget_spent = held > 0 && budget.is_spent();
+            let may_read = reading
+                && running.len() < max_in_flight
+                && (held == 0 || held < max_held)
+                && !budget_spent;
             tokio::select! {
                 biased;
-                Some((id, oneway, outcome)) = running.next(), if !running.is_empty() => {
+                Some((id, oneway, bytes, outcome)) = running.next(), if !running.is_empty() => {
                     holding = false;
+                    held -= bytes;
+                    if let Some((t, sleep)) = idle.as_mut() {
+                        sleep.as_mut().reset(Instant::now() + *t);
+                    }
                     if !oneway {
                         aborts.remove(&id);
                     }
@@ -242,12 +352,22 @@ impl<H: Handler> RpcServer<H> {
                         }
                     }
                 }
-                received = rx.recv(), if reading && running.len() < max_in_flight => {
+                received = rx.recv(), if may_read => {
                     holding = false;
+                    if let Some((t, sleep)) = idle.as_mut() {
+                        sleep.as_mut().reset(Instant::now() + *t);
+                    }
                     let msg = match received {
                         Ok(Some(msg)) => msg,
                         Ok(None) => {
                             reading = false;
+                            if inner.config.cancel_on_close {
+                                // The peer is done: its running calls are dropped (cancelled)
+                                // and their requests freed.
+                                running = FuturesUnordered::new();
+                                aborts.clear();
+                                held = 0;
+                            }
                             continue;
                         }
                         Err(TransportError::MessageTooLarge { len, max, header }) => {
@@ -277,10 +397,16 @@ impl<H: Handler> RpcServer<H> {
                         Kind::Request | Kind::Oneway => {
                             let oneway = h.kind == Kind::Oneway;
                             if !oneway && aborts.contains_key(&h.request_id) {
-                                break Err(RpcError::Protocol(format!(
-                                    "request id {} reused while in flight", h.request_id
-                                )));
+                                // Answered with an error; the call already running under this
+                                // id, and every other call, go on.
+                                let status = Status::new(
+                                    code::REQUEST_ID_IN_USE,
+                                    format!("request id {} is already in flight", h.request_id),
+                                );
+                                replies.push(Kind::Error, h.request_id, status.encode());
+                                continue;
                             }
+                            let bytes = msg.payload.len();
                             let req = Request {
                                 method: h.method,
                                 request_id: h.request_id,
@@ -317,7 +443,15 @@ impl<H: Handler> RpcServer<H> {
                                 aborts.insert(id, handle);
                             }
                             let work = Abortable::new(work, registration);
-                            running.push(Box::pin(async move { (id, oneway, work.await) }));
+                            // The request's bytes count against the budgets while its handler
+                            // runs; the charge is given back when the call ends or is dropped.
+                            held += bytes;
+                            let charge = if bytes > 0 { budget.charge_anyway(bytes) } else { Charge::none() };
+                            running.push(Box::pin(async move {
+                                let outcome = work.await;
+                                drop(charge);
+                                (id, oneway, bytes, outcome)
+                            }));
                         }
                         Kind::Cancel => {
                             if let Some(handle) = aborts.remove(&h.request_id) {
@@ -330,6 +464,13 @@ impl<H: Handler> RpcServer<H> {
                 _ = poll_fn(|cx| registration.poll_stopping(cx)), if reading => {
                     holding = false;
                     reading = false;
+                }
+                // Blocked only by the server-wide budget: read again once bytes come back.
+                _ = budget.wait_for_room(), if reading && budget_spent => {}
+                _ = async { idle.as_mut().expect("armed").1.as_mut().await },
+                    if idle.is_some() && running.is_empty() && reading => {
+                    tracing::debug!("closing an idle connection");
+                    break Ok(());
                 }
                 // Nothing else is ready: the replies gathered so far go out in one write,
                 // unless a request is still arriving (then they wait for it, within bounds).
@@ -512,14 +653,17 @@ impl Replies {
     }
 }
 
-/// A handler's future, tagged with its request id and whether it is oneway.
-type RunningCall =
-    Pin<Box<dyn Future<Output = (u64, bool, Result<Result<Bytes, Status>, Aborted>)> + Send>>;
+/// A handler's future, tagged with its request id, whether it is oneway and the request bytes
+/// it holds.
+type RunningCall = Pin<
+    Box<dyn Future<Output = (u64, bool, usize, Result<Result<Bytes, Status>, Aborted>)> + Send>,
+>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::rpc::test_util::{gated_echo_server, Duplex};
+    use crate::rpc::RpcError;
     use crate::rpc::{ClientConfig, RpcClient};
 
     /// Replies that become ready together leave in a few writes, not one write per call, and
@@ -671,6 +815,115 @@ mod tests {
         }
         let p = Bytes::from_static(b"still here");
         assert_eq!(client.call(2, p.clone()).await.expect("next call"), p);
+    }
+
+    /// Accept failures back off (5 ms doubling to 1 s) and are logged at most once per
+    /// interval, with the count of failures since the last line.
+    #[test]
+    fn accept_backoff_doubles_and_logs_once_per_interval() {
+        let mut b = AcceptBackoff::new();
+        let t0 = Instant::now();
+        let (w, log) = b.failed(t0);
+        assert_eq!((w, log), (Duration::from_millis(5), Some(1)));
+        let mut now = t0;
+        let mut lines = vec![];
+        let mut waits = vec![];
+        for _ in 0..200 {
+            let (w, log) = b.failed(now);
+            now += w;
+            waits.push(w);
+            lines.extend(log);
+        }
+        assert_eq!(waits[0], Duration::from_millis(10));
+        assert!(waits.iter().all(|&w| w <= AcceptBackoff::MAX));
+        assert_eq!(*waits.last().expect("waits"), AcceptBackoff::MAX);
+        // ~195 s of failures: one line per 10 s, and every failure counted once.
+        let elapsed = now.duration_since(t0);
+        assert!(
+            lines.len() as u64 <= elapsed.as_secs() / 10 + 1,
+            "{lines:?}"
+        );
+        assert_eq!(1 + lines.iter().sum::<u64>() + b.failures_since_log, 201);
+        b.succeeded();
+        assert_eq!(b.failed(now).0, AcceptBackoff::FIRST);
+    }
+
+    /// A listener whose accept always fails (EMFILE), counting the attempts.
+    struct FailingListener(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Listener for FailingListener {
+        type Addr = String;
+        type Connection = Duplex;
+        fn local_addr(&self) -> Result<String, TransportError> {
+            Ok("failing".into())
+        }
+        async fn accept(&mut self) -> Result<Duplex, TransportError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Err(std::io::Error::from_raw_os_error(24).into())
+        }
+    }
+
+    /// A server out of file descriptors retries accept a bounded number of times per second
+    /// (it used to retry every 10 ms), and still shuts down promptly.
+    #[tokio::test(start_paused = true)]
+    async fn failing_accepts_back_off() {
+        let attempts = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let server = RpcServer::new(
+            |req: Request| async move { Ok(req.payload) },
+            ServerConfig::default(),
+        );
+        let srv = server.clone();
+        let listener = FailingListener(attempts.clone());
+        let serving = tokio::spawn(async move { srv.serve(listener).await });
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let n = attempts.load(Ordering::SeqCst);
+        // 5+10+...+640 ms, then one per second: ~68 attempts in 60 s (10 ms pauses: 6000).
+        assert!((50..=80).contains(&n), "{n} accept attempts in 60 s");
+        server.shutdown().await;
+        tokio::time::timeout(Duration::from_secs(5), serving)
+            .await
+            .expect("serve returns on shutdown")
+            .expect("task")
+            .expect("serve");
+    }
+
+    /// `RpcClient::close` lets the calls in flight finish before it closes the connection,
+    /// so a server that cancels the calls of closed connections still answers them.
+    #[tokio::test]
+    async fn client_close_waits_for_calls_in_flight() {
+        let (client_end, server_end) = Duplex::pair(1 << 20);
+        let (open, serving) = gated_echo_server(server_end);
+        let client = RpcClient::new(client_end, ClientConfig::default());
+        let c = client.clone();
+        let call = tokio::spawn(async move { c.call(1, Bytes::from_static(b"late")).await });
+        while client.in_flight() == 0 {
+            tokio::task::yield_now().await;
+        }
+        let c = client.clone();
+        let closing = tokio::spawn(async move { c.close().await });
+        let early = tokio::time::timeout(Duration::from_millis(50), async {
+            while !closing.is_finished() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        assert!(early.is_err(), "close waits while a call is in flight");
+        assert!(matches!(
+            client.call(1, Bytes::new()).await,
+            Err(RpcError::ClientClosed)
+        ));
+        open.send(true).expect("handlers wait");
+        let reply = tokio::time::timeout(Duration::from_secs(10), call)
+            .await
+            .expect("answered")
+            .expect("task");
+        assert_eq!(reply.expect("call"), "late");
+        tokio::time::timeout(Duration::from_secs(10), closing)
+            .await
+            .expect("close returns")
+            .expect("task")
+            .expect("close");
+        serving.await.expect("task").expect("served");
     }
 
     /// `shutdown` ends a connection that sits idle (nothing to read, nothing running).
