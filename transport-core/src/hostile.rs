@@ -3,17 +3,24 @@
 //! A server faces peers it does not control. Each case here plays one such peer and checks
 //! the defence that answers it: the case fails if that defence is taken away.
 //!
-//! **Byte-level cases** ([`hostile_stream_tests!`](crate::hostile_stream_tests)) are for
-//! stream backends (TCP, Unix sockets): a raw socket ([`StreamBackend::connect_raw`]) writes
-//! frames by hand — announcements of huge frames, frames that stop half-way, garbage, wrong
-//! magic, oversized and truncated frames — against an [`RpcServer`] whose transport was built
-//! from a [`StreamConfig`] the case chooses ([`StreamBackend::stream_transport`]).
+//! - **RPC-level cases** ([`hostile_tests!`](crate::hostile_tests)) run over any
+//!   [`Backend`]: a peer that speaks the transport correctly but writes RPC messages by hand
+//!   (reused request ids, requests parked in handlers that never finish, a connection closed
+//!   under them, a connection left idle) against an [`RpcServer`] with the [`ServerConfig`]
+//!   limits the case chooses. What they observe is counted by the handlers ([`Parked`]) and
+//!   by the server's [`MemoryBudget`], so they run on verbs as well as on sockets.
+//! - **Byte-level cases** ([`hostile_stream_tests!`](crate::hostile_stream_tests)) are for
+//!   stream backends (TCP, Unix sockets): a raw socket ([`StreamBackend::connect_raw`]) writes
+//!   frames by hand — announcements of huge frames, frames that stop half-way, garbage, wrong
+//!   magic, oversized and truncated frames — against an [`RpcServer`] whose transport was
+//!   built from a [`StreamConfig`] the case chooses ([`StreamBackend::stream_transport`]).
 //!
 //! ```ignore
 //! // transport-foo/tests/hostile.rs
 //! struct Foo;
 //! impl transport_core::conformance::Backend for Foo { /* ... */ }
 //! impl transport_core::hostile::StreamBackend for Foo { /* ... */ }
+//! transport_core::hostile_tests!(Foo);
 //! transport_core::hostile_stream_tests!(Foo);
 //! ```
 //!
@@ -30,12 +37,15 @@ use crate::rpc::{
     Status, RPC_HEADER_LEN,
 };
 use crate::stream::StreamConfig;
-use crate::{Connection, Listener, Message, Transport};
+use crate::{
+    Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport,
+};
 use bytes::{Bytes, BytesMut};
 use futures_util::future::Either;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -65,6 +75,20 @@ const MIB: usize = 1 << 20;
 /// The largest frame the default settings accept, announced by the hostile peers: an RPC
 /// request whose header and payload make exactly [`crate::stream::DEFAULT_MAX_MESSAGE_SIZE`].
 const MAX_PAYLOAD: usize = crate::stream::DEFAULT_MAX_MESSAGE_SIZE - RPC_HEADER_LEN;
+
+/// Expands to one `#[test]` per RPC-level case for the [`Backend`] expression `$backend`.
+#[macro_export]
+macro_rules! hostile_tests {
+    ($backend:expr) => {
+        $crate::__hostile_cases!($backend;
+            duplicate_request_id_is_refused_and_the_call_in_flight_answered,
+            closing_a_connection_cancels_its_handlers_and_frees_their_requests,
+            request_bytes_per_connection_bound_the_running_handlers,
+            server_budget_bounds_request_bytes_across_connections,
+            idle_connection_is_closed_after_idle_timeout
+        );
+    };
+}
 
 /// Expands to one `#[test]` per byte-level case for the [`StreamBackend`] expression
 /// `$backend`, plus `hostile_raw_request_is_answered` (a raw request gets its reply; also the
@@ -186,6 +210,193 @@ fn service_reporting(budget: Arc<MemoryBudget>) -> impl Handler {
 /// receive budget (u64 LE).
 pub const BUDGET_USED: u32 = 100;
 
+/// Method of the RPC-level cases' service: counts itself in [`Parked`], holds its request
+/// until [`Parked::release`], then answers the request's length (u64 LE).
+pub const PARK: u32 = 20;
+
+/// The handlers of the RPC-level cases' service, as the cases observe them.
+#[derive(Debug)]
+pub struct Parked {
+    started: AtomicUsize,
+    live: AtomicUsize,
+    release: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for Parked {
+    fn default() -> Self {
+        Parked {
+            started: AtomicUsize::new(0),
+            live: AtomicUsize::new(0),
+            release: tokio::sync::watch::Sender::new(false),
+        }
+    }
+}
+
+impl Parked {
+    /// [`PARK`] handlers started so far.
+    pub fn started(&self) -> usize {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    /// [`PARK`] handlers alive now: started, and neither finished nor dropped.
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
+    }
+
+    /// Lets every parked handler, and every later one, finish.
+    pub fn release(&self) {
+        self.release.send_replace(true);
+    }
+}
+
+/// Counts a live [`PARK`] handler; dropped with it (when it finishes or is cancelled).
+struct LiveGuard(Arc<Parked>);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The RPC-level cases' service: [`PARK`], and [`method::ECHO`].
+fn parking_service(parked: Arc<Parked>) -> impl Handler {
+    move |req: Request| {
+        let parked = parked.clone();
+        async move {
+            match req.method {
+                method::ECHO => Ok(req.payload),
+                PARK => {
+                    parked.started.fetch_add(1, Ordering::SeqCst);
+                    parked.live.fetch_add(1, Ordering::SeqCst);
+                    let _live = LiveGuard(parked.clone());
+                    let mut release = parked.release.subscribe();
+                    // The sender lives in `parked`, which this future holds: never closed.
+                    let _ = release.wait_for(|&r| r).await;
+                    Ok(Bytes::copy_from_slice(
+                        &(req.payload.len() as u64).to_le_bytes(),
+                    ))
+                }
+                m => Err(Status::unknown_method(m)),
+            }
+        }
+    }
+}
+
+/// A server of the parking service on `b` with these settings; its address and handlers.
+async fn parking_server<B: Backend>(
+    b: &B,
+    config: ServerConfig,
+) -> (<B::T as Transport>::Addr, Arc<Parked>) {
+    let parked = Arc::new(Parked::default());
+    let (addr, _server) = serve(
+        b.transport(8 * MIB),
+        &b.listen_addr(),
+        parking_service(parked.clone()),
+        config,
+    )
+    .await;
+    (addr, parked)
+}
+
+/// A connection of `b` to `addr`, split: a peer that writes RPC messages by hand.
+async fn hand_peer<B: Backend>(
+    b: &B,
+    addr: &<B::T as Transport>::Addr,
+) -> (
+    <<B::T as Transport>::Connection as Connection>::Sender,
+    <<B::T as Transport>::Connection as Connection>::Receiver,
+) {
+    let conn = tokio::time::timeout(WAIT, b.transport(8 * MIB).connect(addr))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    conn.split()
+}
+
+/// An RPC message as a client would send it.
+pub fn rpc_message(kind: Kind, method: u32, id: u64, payload: Bytes) -> Message {
+    let header = RpcHeader::new(kind, method, id, payload.len()).encode();
+    Message::new(HeaderBytes::from(header), payload)
+}
+
+/// The next message from the server, within `within`; `None` if the connection ended
+/// (closed or failed) instead. Panics if neither happens in time.
+async fn next_message<R: MessageReceiver>(
+    rx: &mut R,
+    within: Duration,
+    what: &str,
+) -> Option<(RpcHeader, Bytes)> {
+    match tokio::time::timeout(within, rx.recv()).await {
+        Ok(Ok(Some(m))) => Some((reply(&m), m.payload)),
+        Ok(Ok(None)) | Ok(Err(_)) => None,
+        Err(_) => panic!("{what}: nothing from the server within {within:?}"),
+    }
+}
+
+/// The largest value `f` takes while polled for `window`: how a case shows that something
+/// does not happen (more handlers starting) over a time in which it would have.
+async fn most_during(window: Duration, mut f: impl FnMut() -> usize) -> usize {
+    let start = Instant::now();
+    let mut most = f();
+    while start.elapsed() < window {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        most = most.max(f());
+    }
+    most
+}
+
+/// Sends a 1 MiB [`PARK`] request for each id, in a task (the server may stop reading);
+/// the task gives the sender back once all are written.
+fn send_parked_requests<S: MessageSender>(
+    mut tx: S,
+    ids: std::ops::RangeInclusive<u64>,
+) -> tokio::task::JoinHandle<S> {
+    tokio::spawn(async move {
+        for id in ids {
+            tx.send(rpc_message(
+                Kind::Request,
+                PARK,
+                id,
+                conformance::pattern(MIB, id),
+            ))
+            .await
+            .expect("send a request");
+        }
+        tx
+    })
+}
+
+/// Waits until at least `first` parked handlers run, then watches that no more than `most`
+/// ever do over a window three times as long as that took (at least 1 s); the most seen.
+async fn bounded_while_parked(parked: &Parked, first: usize, most: usize) -> usize {
+    let start = Instant::now();
+    assert!(
+        eventually(WAIT, || parked.started() >= first).await,
+        "only {} of the first {first} requests started",
+        parked.started()
+    );
+    let window = (start.elapsed() * 3).max(Duration::from_secs(1));
+    let seen = most_during(window, || parked.started()).await;
+    assert!(
+        seen <= most,
+        "{seen} handlers ran at once (at most {most} allowed): the server read on"
+    );
+    seen
+}
+
+/// Reads one response per id (in any order), each answering a 1 MiB request.
+async fn collect_replies<R: MessageReceiver>(rx: &mut R, ids: std::ops::RangeInclusive<u64>) {
+    let mut want: std::collections::BTreeSet<u64> = ids.collect();
+    while !want.is_empty() {
+        let (h, payload) = next_message(rx, WAIT, "released calls")
+            .await
+            .unwrap_or_else(|| panic!("the connection ended; no reply yet for {want:?}"));
+        assert_eq!(h.kind, Kind::Response, "{h:?}: {payload:?}");
+        assert!(want.remove(&h.request_id), "unexpected reply {h:?}");
+        assert_eq!(&payload[..], &(MIB as u64).to_le_bytes());
+    }
+}
+
 /// An RPC server of `handler` on `transport`, serving in a task; its address.
 async fn serve<T: Transport, H: Handler>(
     transport: T,
@@ -233,7 +444,7 @@ async fn good_client<B: Backend>(
 
 /// A correct client's echo calls (small ones, which need no receive budget) are answered
 /// in time.
-async fn still_served<S: crate::MessageSender>(c: &RpcClient<S>, what: &str) {
+async fn still_served<S: MessageSender>(c: &RpcClient<S>, what: &str) {
     for (i, len) in [0usize, 100, 10_000, 60_000].into_iter().enumerate() {
         let p = conformance::pattern(len, i as u64);
         let r = tokio::time::timeout(WAIT, c.call(method::ECHO, p.clone()))
@@ -357,6 +568,248 @@ fn child_server<B: StreamBackend>(b: &B) {
 /// The cases. Each is an `async fn(&B)` that panics on failure.
 pub mod cases {
     use super::*;
+
+    /// A request whose id is already in flight on the connection gets an error reply
+    /// (`REQUEST_ID_IN_USE`) at once; the call already running under that id, and the other
+    /// calls, go on and are answered. Fails if the server runs the second request (its reply
+    /// would be a response), or closes the connection over it.
+    pub async fn duplicate_request_id_is_refused_and_the_call_in_flight_answered<B: Backend>(
+        b: &B,
+    ) {
+        let (addr, parked) = parking_server(b, ServerConfig::default()).await;
+        let (mut tx, mut rx) = hand_peer(b, &addr).await;
+        tx.send(rpc_message(
+            Kind::Request,
+            PARK,
+            7,
+            Bytes::from_static(b"first"),
+        ))
+        .await
+        .expect("send");
+        assert!(
+            eventually(WAIT, || parked.started() == 1).await,
+            "the first call never started"
+        );
+        tx.send(rpc_message(
+            Kind::Request,
+            method::ECHO,
+            7,
+            Bytes::from_static(b"again"),
+        ))
+        .await
+        .expect("send");
+        tx.send(rpc_message(
+            Kind::Request,
+            method::ECHO,
+            8,
+            Bytes::from_static(b"other"),
+        ))
+        .await
+        .expect("send");
+        let mut refused = false;
+        let mut other = false;
+        for _ in 0..2 {
+            let (h, payload) = next_message(&mut rx, WAIT, "a duplicate id")
+                .await
+                .expect("the server closed the connection over a duplicate id");
+            match (h.kind, h.request_id) {
+                (Kind::Error, 7) => {
+                    let s = Status::decode(&payload);
+                    assert_eq!(s.code, code::REQUEST_ID_IN_USE, "{s:?}");
+                    refused = true;
+                }
+                (Kind::Response, 8) => {
+                    assert_eq!(&payload[..], b"other");
+                    other = true;
+                }
+                _ => panic!("unexpected reply {h:?}: {payload:?}"),
+            }
+        }
+        assert!(refused && other);
+        assert_eq!(parked.live(), 1, "the call in flight was disturbed");
+        parked.release();
+        let (h, payload) = next_message(&mut rx, WAIT, "the first call's reply")
+            .await
+            .expect("the connection ended before the first call's reply");
+        assert_eq!((h.kind, h.request_id), (Kind::Response, 7));
+        assert_eq!(&payload[..], &5u64.to_le_bytes(), "the first call's answer");
+    }
+
+    /// A peer that closes its connection while its requests (8 x 1 MiB) are parked in
+    /// handlers that would never finish gets those handlers dropped within [`PROMPT`], and
+    /// the server's memory budget is all given back; no reply is sent for them. Fails if the
+    /// server lets the handlers of a closed connection run on (`cancel_on_close`).
+    pub async fn closing_a_connection_cancels_its_handlers_and_frees_their_requests<B: Backend>(
+        b: &B,
+    ) {
+        let budget = MemoryBudget::new(64 * MIB);
+        let config = ServerConfig {
+            memory_budget: budget.clone(),
+            ..ServerConfig::default()
+        };
+        let (addr, parked) = parking_server(b, config).await;
+        let (mut tx, mut rx) = hand_peer(b, &addr).await;
+        const N: usize = 8;
+        for id in 1..=N as u64 {
+            tx.send(rpc_message(
+                Kind::Request,
+                PARK,
+                id,
+                conformance::pattern(MIB, id),
+            ))
+            .await
+            .expect("send");
+        }
+        assert!(
+            eventually(WAIT, || parked.live() == N && budget.used() == N * MIB).await,
+            "the requests never all ran: {} live, {} bytes charged",
+            parked.live(),
+            budget.used()
+        );
+        tx.close().await.expect("close");
+        let closed = Instant::now();
+        assert!(
+            eventually(PROMPT, || parked.live() == 0).await,
+            "{} handlers of a closed connection still run after {PROMPT:?}",
+            parked.live()
+        );
+        assert!(
+            eventually(PROMPT, || budget.used() == 0).await,
+            "{} bytes still charged after the connection closed",
+            budget.used()
+        );
+        eprintln!(
+            "{N} parked handlers dropped {:?} after their connection closed",
+            closed.elapsed()
+        );
+        if let Some((h, _)) = next_message(&mut rx, WAIT, "after closing").await {
+            panic!("a cancelled call was answered: {h:?}");
+        }
+        assert_eq!(parked.started(), N);
+        let c = good_client(b, &addr, MIB).await;
+        still_served(&c, "after a peer closed with calls running").await;
+    }
+
+    /// With `max_request_bytes_per_connection` = 4 MiB, a peer sending 10 x 1 MiB requests to
+    /// handlers that wait gets at most 5 of them running (the server stops reading that
+    /// connection), and all 10 complete once the handlers are released. Fails if the server
+    /// reads on regardless (all 10 would run).
+    pub async fn request_bytes_per_connection_bound_the_running_handlers<B: Backend>(b: &B) {
+        let config = ServerConfig {
+            max_request_bytes_per_connection: 4 * MIB,
+            ..ServerConfig::default()
+        };
+        let (addr, parked) = parking_server(b, config).await;
+        let (tx, mut rx) = hand_peer(b, &addr).await;
+        const N: u64 = 10;
+        let sender = send_parked_requests(tx, 1..=N);
+        let limited = bounded_while_parked(&parked, 4, 5).await;
+        parked.release();
+        collect_replies(&mut rx, 1..=N).await;
+        let _tx = tokio::time::timeout(WAIT, sender)
+            .await
+            .expect("all requests written once the handlers finished")
+            .expect("sender");
+        assert_eq!(parked.started(), N as usize);
+        eprintln!("per-connection request bytes: at most {limited} of {N} x 1 MiB ran at once");
+    }
+
+    /// With a server-wide `memory_budget` of 4 MiB, two peers sending 5 x 1 MiB requests each
+    /// to handlers that wait get at most 4 + 2 of them running together (a connection that
+    /// holds nothing may always read one request, so each may take one past the budget), and
+    /// all 10
+    /// complete once the handlers are released, the budget all given back. Fails if the
+    /// server reads on regardless (all 10 would run).
+    pub async fn server_budget_bounds_request_bytes_across_connections<B: Backend>(b: &B) {
+        let budget = MemoryBudget::new(4 * MIB);
+        let config = ServerConfig {
+            memory_budget: budget.clone(),
+            ..ServerConfig::default()
+        };
+        let (addr, parked) = parking_server(b, config).await;
+        let (tx_a, mut rx_a) = hand_peer(b, &addr).await;
+        let (tx_b, mut rx_b) = hand_peer(b, &addr).await;
+        let sender_a = send_parked_requests(tx_a, 1..=5);
+        let sender_b = send_parked_requests(tx_b, 6..=10);
+        let limited = bounded_while_parked(&parked, 4, 6).await;
+        assert!(
+            budget.used() <= 6 * MIB,
+            "{} bytes charged, past the budget by more than a request per connection",
+            budget.used()
+        );
+        parked.release();
+        collect_replies(&mut rx_a, 1..=5).await;
+        collect_replies(&mut rx_b, 6..=10).await;
+        for sender in [sender_a, sender_b] {
+            let _tx = tokio::time::timeout(WAIT, sender)
+                .await
+                .expect("all requests written once the handlers finished")
+                .expect("sender");
+        }
+        assert!(
+            eventually(WAIT, || budget.used() == 0).await,
+            "{} bytes still charged after every call finished",
+            budget.used()
+        );
+        eprintln!("server budget: at most {limited} of 2 x 5 x 1 MiB ran at once");
+    }
+
+    /// With `idle_timeout` = 1 s, a connection with nothing running and nothing arriving is
+    /// closed by the server within [`WAIT`], not before the timeout; one whose call is still
+    /// running stays open past it, gets its reply, and is closed once idle. Fails if idle
+    /// connections are kept (or if running calls count as idle).
+    pub async fn idle_connection_is_closed_after_idle_timeout<B: Backend>(b: &B) {
+        let idle = Duration::from_secs(1);
+        let config = ServerConfig {
+            idle_timeout: Some(idle),
+            ..ServerConfig::default()
+        };
+        let (addr, parked) = parking_server(b, config).await;
+        let connected = Instant::now();
+        let (_tx, mut rx) = hand_peer(b, &addr).await;
+        if let Some((h, _)) = next_message(&mut rx, WAIT + idle, "an idle connection").await {
+            panic!("the server sent {h:?} unasked");
+        }
+        let after = connected.elapsed();
+        assert!(
+            after >= idle.mul_f32(0.9),
+            "closed after {after:?}, before the {idle:?} idle timeout"
+        );
+        eprintln!("an idle connection was closed after {after:?}");
+
+        let (mut tx, mut rx) = hand_peer(b, &addr).await;
+        tx.send(rpc_message(
+            Kind::Request,
+            PARK,
+            1,
+            Bytes::from_static(b"wait"),
+        ))
+        .await
+        .expect("send");
+        assert!(
+            eventually(WAIT, || parked.started() == 1).await,
+            "the call never started"
+        );
+        // Three idle timeouts with a call running: the connection must stay open.
+        match tokio::time::timeout(idle * 3, rx.recv()).await {
+            Err(_) => {}
+            Ok(r) => panic!("a connection with a call running ended or spoke: {r:?}"),
+        }
+        parked.release();
+        let (h, _) = next_message(&mut rx, WAIT, "the running call's reply")
+            .await
+            .expect("the connection ended before the running call's reply");
+        assert_eq!((h.kind, h.request_id), (Kind::Response, 1));
+        let replied = Instant::now();
+        if let Some((h, _)) = next_message(&mut rx, WAIT + idle, "idle again").await {
+            panic!("the server sent {h:?} unasked");
+        }
+        assert!(
+            replied.elapsed() >= idle.mul_f32(0.9),
+            "closed {:?} after the call ended, before the idle timeout",
+            replied.elapsed()
+        );
+    }
 
     /// 200 connections each announce a frame of the largest size (64 MiB) and send nothing
     /// more. The receivers hold at most the transport's receive budget (64 MiB here, a frame's
