@@ -11,8 +11,11 @@
 //!
 //! # What a peer can make a receiver hold
 //!
-//! Nothing is allocated from an announced length alone. A large frame's buffer starts at
-//! `min(length, 1 MiB)` and doubles as its bytes arrive; every byte of it is charged to the
+//! Nothing is allocated from an announced length alone, unreserved. A large frame's buffer is
+//! reused from the pool when one fits; else, while more than half the budget is free, its
+//! whole length is reserved against the budget at once (honest peers: no growth, no copy);
+//! else it starts at twice the bytes that arrived with its prefix (at least 64 KiB, at most its
+//! length) and doubles as its bytes arrive. Every byte of it is charged to the
 //! [`StreamConfig::memory_budget`] shared by all receivers made from that config (frames being
 //! read, received large payloads the application still holds, and the buffers pooled for
 //! reuse). When the budget is spent a receiver waits for bytes to come back instead of
@@ -45,9 +48,10 @@ pub const DEFAULT_READ_BUFFER: usize = 64 << 10;
 pub const DEFAULT_RECEIVE_BUDGET: usize = 512 << 20;
 /// Default time a started frame may go without progress: 30 s.
 pub const DEFAULT_FRAME_TIMEOUT: Duration = Duration::from_secs(30);
-/// First allocation for a large frame whose buffer is not reused from the pool; it then
-/// doubles as bytes arrive (so an announced length alone costs at most this much).
-const LARGE_FIRST_CHUNK: usize = 1 << 20;
+/// Smallest first allocation for a large frame whose buffer is not reused from the pool:
+/// twice what has arrived, at least this; it then doubles as bytes arrive. So an announced
+/// length alone costs at most this much, and holding budget takes sending half of it.
+const LARGE_FIRST_CHUNK: usize = 64 << 10;
 /// Slices per vectored write (two per message; well under IOV_MAX).
 const MAX_SLICES: usize = 64;
 /// Most large-frame buffers a receiver keeps for reuse.
@@ -415,8 +419,9 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
     }
 
     /// Moves the start of a frame larger than the read buffer (its prefix already validated
-    /// by the decoder) into a buffer of its own: a pooled one that fits, or a new one of at
-    /// most [`LARGE_FIRST_CHUNK`] charged to the budget (waiting for budget if need be). The
+    /// by the decoder) into a buffer of its own: a pooled one that fits, or a new one charged
+    /// to the budget (its whole length while the budget is less than half used, else a first
+    /// chunk; waiting for budget if need be). The
     /// rest is read straight into that buffer. Cancel safe: nothing changes until the buffer
     /// is had.
     async fn start_large(&mut self, total: usize) -> Result<(), TransportError> {
@@ -424,12 +429,22 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
         let (mut buf, charge) = match self.large_pool.take(total) {
             Some(reused) => reused,
             None => {
-                let first = total.min(LARGE_FIRST_CHUNK.max(self.buf.len()));
-                let deadline = self.stall_deadline();
                 let budget = self.large_pool.budget.clone();
-                match until(deadline, budget.charge(first)).await {
-                    Some(charge) => (Vec::with_capacity(first), charge),
-                    None => return Err(self.stalled(self.buf.len(), total)),
+                // With more than half the budget free the whole frame is reserved at once
+                // (no growth, no copy); otherwise its buffer grows with what arrives.
+                let whole = (budget.used().saturating_add(total) <= budget.limit() / 2)
+                    .then(|| budget.try_charge(total))
+                    .flatten();
+                match whole {
+                    Some(charge) => (Vec::with_capacity(total), charge),
+                    None => {
+                        let first = total.min(LARGE_FIRST_CHUNK.max(2 * self.buf.len()));
+                        let deadline = self.stall_deadline();
+                        match until(deadline, budget.charge(first)).await {
+                            Some(charge) => (Vec::with_capacity(first), charge),
+                            None => return Err(self.stalled(self.buf.len(), total)),
+                        }
+                    }
                 }
             }
         };
@@ -562,8 +577,9 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
             } else {
                 usize::MAX
             };
-            // Between messages a read may wait forever; inside one, only `frame_timeout`.
-            let deadline = if self.buf.is_empty() {
+            // Between messages a read may wait forever; inside one (also one being skipped),
+            // only `frame_timeout`.
+            let deadline = if self.decoder.is_idle(&self.buf) {
                 None
             } else {
                 self.stall_deadline()
@@ -969,11 +985,12 @@ mod tests {
         (raw, StreamReceiver::new(b, Arc::default(), &cfg))
     }
 
-    /// Announcing a 60 MiB frame costs the receiver one first chunk, not 60 MiB: what it
-    /// holds grows with what arrives, charged to the budget.
+    /// Announcing a 60 MiB frame to a receiver whose budget is short (64 MiB: the frame is
+    /// more than half of it) costs one first chunk, not 60 MiB: what it holds grows with what
+    /// arrives, charged to the budget.
     #[tokio::test(start_paused = true)]
     async fn an_announced_length_alone_allocates_one_first_chunk() {
-        let (mut raw, mut rx) = budgeted(512 << 20);
+        let (mut raw, mut rx) = budgeted(64 << 20);
         let budget = rx.large_pool.budget.clone();
         let len = 60 << 20;
         let mut head = encode_prefix(2, len).to_vec();
@@ -1001,7 +1018,8 @@ mod tests {
     /// fails with `Stalled`.
     #[tokio::test(start_paused = true)]
     async fn announcements_on_many_connections_stay_within_the_budget_then_stall() {
-        let budget = MemoryBudget::new(4 << 20);
+        // 20 first chunks of 64 KiB would be 1.25 MiB: 8 fit, 12 wait.
+        let budget = MemoryBudget::new(512 << 10);
         let mut peers = Vec::new();
         let mut tasks = Vec::new();
         for _ in 0..20 {
@@ -1020,7 +1038,11 @@ mod tests {
             tasks.push(tokio::spawn(async move { rx.recv().await.map(|_| ()) }));
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-        assert!(budget.used() <= 4 << 20, "held {} bytes", budget.used());
+        assert_eq!(
+            budget.used(),
+            512 << 10,
+            "the budget is spent, not exceeded"
+        );
         for t in tasks {
             match tokio::time::timeout(Duration::from_secs(40), t).await {
                 Ok(Ok(Err(TransportError::Stalled { expected, .. }))) => {
@@ -1031,6 +1053,69 @@ mod tests {
         }
         assert_eq!(budget.used(), 0);
         drop(peers);
+    }
+
+    /// A frame too large to accept is refused and its payload skipped; if the peer stops
+    /// half-way through that payload, the skip times out like any started frame.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_skip_of_an_oversized_frame_times_out() {
+        let (mut raw, b) = tokio::io::duplex(1 << 20);
+        let cfg = StreamConfig {
+            max_message_size: 1 << 20,
+            read_buffer_size: 4096,
+            ..StreamConfig::default()
+        };
+        let mut rx = StreamReceiver::new(b, Arc::default(), &cfg);
+        let mut wire = encode_prefix(1, 4 << 20).to_vec();
+        wire.extend_from_slice(&[0u8; 1001]);
+        raw.write_all(&wire).await.unwrap();
+        assert!(matches!(
+            rx.recv().await,
+            Err(TransportError::MessageTooLarge { .. })
+        ));
+        let start = tokio::time::Instant::now();
+        let r = tokio::time::timeout(Duration::from_secs(120), rx.recv()).await;
+        assert!(
+            matches!(r, Ok(Err(TransportError::Stalled { .. }))),
+            "expected Stalled, got {r:?}"
+        );
+        assert!(start.elapsed() <= DEFAULT_FRAME_TIMEOUT + Duration::from_secs(1));
+    }
+
+    /// Peers that announce large frames and then trickle hold a first chunk each, not the
+    /// budget: an honest large frame on another connection still gets through.
+    #[tokio::test]
+    async fn bare_announcements_leave_budget_for_an_honest_frame() {
+        let budget = MemoryBudget::new(4 << 20);
+        let cfg = StreamConfig {
+            max_message_size: 64 << 20,
+            read_buffer_size: 4096,
+            memory_budget: budget.clone(),
+            frame_timeout: Some(Duration::from_secs(30)),
+        };
+        let mut hostile = Vec::new();
+        for _ in 0..16 {
+            let (mut raw, b) = tokio::io::duplex(1 << 16);
+            let mut rx = StreamReceiver::new(b, Arc::default(), &cfg);
+            raw.write_all(&encode_prefix(0, 60 << 20)).await.unwrap();
+            raw.write_all(&[1u8]).await.unwrap();
+            let pending = tokio::time::timeout(Duration::from_millis(20), rx.recv()).await;
+            assert!(pending.is_err());
+            hostile.push((raw, rx));
+        }
+        assert_eq!(budget.used(), 16 * LARGE_FIRST_CHUNK, "a first chunk each");
+        let (mut raw, b) = tokio::io::duplex(4 << 20);
+        let mut rx = StreamReceiver::new(b, Arc::default(), &cfg);
+        let mut wire = encode_prefix(0, 2 << 20).to_vec();
+        wire.extend(std::iter::repeat_n(5u8, 2 << 20));
+        raw.write_all(&wire).await.unwrap();
+        let m = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the honest frame is not starved")
+            .unwrap()
+            .unwrap();
+        assert!(m.payload.len() == 2 << 20 && m.payload.iter().all(|&x| x == 5));
+        drop(hostile);
     }
 
     /// A small frame that stops half-way fails after `frame_timeout`; an idle connection
