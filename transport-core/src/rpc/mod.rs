@@ -19,7 +19,10 @@ mod server;
 pub use client::{CallOptions, ClientConfig, RpcClient};
 pub use error::{code, RpcError, Status, MAX_STATUS_MESSAGE};
 pub use header::{HeaderError, Kind, RpcHeader, RPC_HEADER_LEN};
-pub use server::{Handler, Request, RpcServer, ServerConfig};
+pub use server::{
+    Handler, Request, RpcServer, ServerConfig, DEFAULT_REQUEST_BYTES_PER_CONNECTION,
+    DEFAULT_SERVER_BUDGET,
+};
 
 #[cfg(test)]
 mod test_util;

@@ -326,8 +326,8 @@ impl<H: Handler> RpcServer<H> {
                 break Ok(());
             }
             // Read while calls, this connection's request bytes and the server's budget allow
-            // (a connection holding nothing may always read: one request can always run).
-            let budget_spent = held > 0 && budget.is_spent();
+            // (a connection holding nothing may exceed its own limit with one request).
+            let budget_spent = budget.is_spent();
             let may_read = reading
                 && running.len() < max_in_flight
                 && (held == 0 || held < max_held)
@@ -469,6 +469,14 @@ impl<H: Handler> RpcServer<H> {
                 _ = budget.wait_for_room(), if reading && budget_spent => {}
                 _ = async { idle.as_mut().expect("armed").1.as_mut().await },
                     if idle.is_some() && running.is_empty() && reading => {
+                    if rx.remaining_in_message().is_some() {
+                        // A request is arriving: not idle (a stalled one is the transport's
+                        // frame timeout to end).
+                        if let Some((t, sleep)) = idle.as_mut() {
+                            sleep.as_mut().reset(Instant::now() + *t);
+                        }
+                        continue;
+                    }
                     tracing::debug!("closing an idle connection");
                     break Ok(());
                 }
@@ -924,6 +932,40 @@ mod tests {
             .expect("task")
             .expect("close");
         serving.await.expect("task").expect("served");
+    }
+
+    /// The idle timeout does not cut a request that is still arriving, however long it takes
+    /// (stalls are the transport's frame timeout to end), and still closes once idle.
+    #[tokio::test(start_paused = true)]
+    async fn idle_timeout_spares_a_request_that_is_arriving() {
+        use tokio::io::AsyncWriteExt;
+        let (client_end, server_end) = Duplex::pair(8 << 20);
+        let config = ServerConfig {
+            idle_timeout: Some(Duration::from_secs(1)),
+            ..ServerConfig::default()
+        };
+        let server = RpcServer::new(
+            |req: Request| async move {
+                Ok::<_, Status>(Bytes::copy_from_slice(&req.payload.len().to_le_bytes()))
+            },
+            config,
+        );
+        let serving = tokio::spawn(async move { server.serve_connection(server_end).await });
+        let (r, mut w) = tokio::io::split(client_end.io);
+        let mut replies = crate::stream::StreamReceiver::new(r, Arc::default(), &client_end.config);
+        let frame = request_frame(1, &vec![7u8; 4 << 20]);
+        // 4 MiB over ~4 s, 300 ms between pieces: never a second without bytes.
+        for piece in frame.chunks(frame.len() / 13 + 1) {
+            w.write_all(piece).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        assert_eq!(reply_id(&mut replies).await, 1, "answered, not cut");
+        let start = tokio::time::Instant::now();
+        let ended = tokio::time::timeout(Duration::from_secs(10), serving)
+            .await
+            .expect("closed once idle");
+        ended.expect("task").expect("clean end");
+        assert!(start.elapsed() >= Duration::from_millis(700));
     }
 
     /// `shutdown` ends a connection that sits idle (nothing to read, nothing running).
