@@ -543,6 +543,9 @@ const MIN_PASSED: &[(&str, u64)] = &[
     // transport-verbs' hostile-peer cases (lengths, RTS flood, no HELLO, no FIN, stale and
     // leaked rkeys).
     ("test:hostile-", 6),
+    // transport-core's RPC-level hostile-peer cases (reused id, close with parked handlers,
+    // per-connection and server request budgets, idle timeout).
+    ("test:hostile_rpc-", 5),
 ];
 
 /// Printed by a verbs test that found no device and did not run (must never happen here).
