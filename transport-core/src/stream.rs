@@ -34,10 +34,11 @@ use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io::{self, IoSlice};
+use std::pin::{pin, Pin};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tokio_util::codec::Decoder;
 
 /// Default largest message: 64 MiB.
@@ -339,10 +340,33 @@ struct LargeFrame {
 }
 
 /// Runs `f` until `deadline` (if any); `None` if the deadline passed first.
-async fn until<F: Future>(deadline: Option<Instant>, f: F) -> Option<F::Output> {
-    match deadline {
-        None => Some(f.await),
-        Some(d) => tokio::time::timeout_at(d, f).await.ok(),
+///
+/// `timer` is the receiver's one stall timer, kept across waits: a wait whose future is
+/// ready at once never touches it, and a later deadline does not re-register it (which
+/// takes the timer driver's lock); when it fires before `deadline` it is moved to
+/// `deadline` then. So a steady stream re-arms it about once per frame timeout, not once
+/// per read.
+async fn until<F: Future>(
+    timer: &mut Option<Pin<Box<Sleep>>>,
+    deadline: Option<Instant>,
+    f: F,
+) -> Option<F::Output> {
+    let Some(deadline) = deadline else {
+        return Some(f.await);
+    };
+    let mut f = pin!(f);
+    let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+    loop {
+        tokio::select! {
+            biased;
+            v = &mut f => return Some(v),
+            () = timer.as_mut() => {
+                if Instant::now() >= deadline {
+                    return None;
+                }
+                timer.as_mut().reset(deadline);
+            }
+        }
     }
 }
 
@@ -365,6 +389,8 @@ pub struct StreamReceiver<R> {
     stall_deadline: Option<Instant>,
     /// Bytes arrived (or a message was taken) since `stall_deadline` was set.
     progressed: bool,
+    /// Armed on the first wait inside a frame, then kept (see [`until`]).
+    stall_timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
@@ -383,6 +409,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
             frame_timeout: config.frame_timeout,
             stall_deadline: None,
             progressed: true,
+            stall_timer: None,
         }
     }
 
@@ -440,7 +467,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
                     None => {
                         let first = total.min(LARGE_FIRST_CHUNK.max(2 * self.buf.len()));
                         let deadline = self.stall_deadline();
-                        match until(deadline, budget.charge(first)).await {
+                        match until(&mut self.stall_timer, deadline, budget.charge(first)).await {
                             Some(charge) => (Vec::with_capacity(first), charge),
                             None => return Err(self.stalled(self.buf.len(), total)),
                         }
@@ -479,7 +506,10 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
             if full {
                 let lf = self.large.as_mut().expect("a large frame is in progress");
                 let more = total.min(len.saturating_mul(2)) - len;
-                if until(deadline, lf.charge.grow(more)).await.is_none() {
+                if until(&mut self.stall_timer, deadline, lf.charge.grow(more))
+                    .await
+                    .is_none()
+                {
                     return Err(self.stalled(len, total));
                 }
                 lf.buf.reserve_exact(more);
@@ -489,7 +519,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
             let read = {
                 let lf = self.large.as_mut().expect("a large frame is in progress");
                 let mut room = (&mut lf.buf).limit(total - len);
-                until(deadline, self.io.read_buf(&mut room)).await
+                until(&mut self.stall_timer, deadline, self.io.read_buf(&mut room)).await
             };
             let n = match read {
                 Some(Ok(n)) => n,
@@ -585,6 +615,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
                 self.stall_deadline()
             };
             let read = until(
+                &mut self.stall_timer,
                 deadline,
                 self.io.read_buf(&mut (&mut self.buf).limit(limit)),
             )
