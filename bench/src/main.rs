@@ -18,6 +18,24 @@
 //! the two is the cost of the RPC layer. Every figure is repeated (`--repeat`) and printed as
 //! median (min-max), with the CPU placement of client and server.
 //!
+//! ## The OS baseline (`os`)
+//!
+//! In local mode uds and tcp are also measured without the project at all: blocking
+//! `std` sockets, one client and one server thread, no async runtime (the `os` module). A
+//! 1-byte ping-pong stands beside the raw and RPC pings (`os µs/rt`, `os p50/p99 µs`) and a
+//! one-way stream of writes of each size into a reading sink beside the send and oneway cells
+//! of one client thread (`os Mbit/s`). That is what this machine gives a program that does
+//! nothing but move the bytes, the limit the project is measured against: `raw/os` and
+//! `rpc/os` (p50 ratios for latency, median paired throughput ratios for the streams) say how
+//! much of it the raw connection and RPC get. The OS threads are placed like the bench's
+//! (client CPU and server CPU of `--pin`) and measured in the same run, interleaved with raw
+//! and RPC: the pings in chunks os, raw, rpc, rpc, raw, os, and each stream back to back with
+//! its cell's raw and RPC runs. JSON: `ping.os`, `ping.raw_os_latency_ratio`,
+//! `ping.rpc_os_latency_ratio`, `cells[].os`, `cells[].raw_os_utilization`,
+//! `cells[].rpc_os_utilization` (null where not measured) and `os_baseline` per transport
+//! (what was measured, or why not). `bench client` has no OS baseline (it would need a server
+//! of its own on the remote host), nor has verbs yet (its limit is the link's, perftest-style).
+//!
 //! ## `bench server`
 //!
 //! The server's port is unauthenticated: anyone who can reach it can make the server send
@@ -34,6 +52,7 @@
 
 mod doctor;
 mod measure;
+mod os;
 mod plot;
 mod proto;
 mod report;
@@ -49,7 +68,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
-use suite::Settings;
+use suite::{OsBaseline, Settings};
 use transport_core::{Listener, Transport};
 use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
@@ -60,6 +79,14 @@ const DEFAULT_PORT: u16 = 5201;
 
 /// Default address of `bench server`: loopback only, since the port is unauthenticated.
 const DEFAULT_LISTEN: &str = "127.0.0.1:5201";
+
+/// Why verbs has no `os` figures.
+const VERBS_NO_OS: &str = "verbs: the link's own figures (perftest-style RDMA WRITE stream and \
+                           busy-polled SEND ping-pong) are not measured by the bench yet";
+
+/// Why `bench client` has no `os` figures.
+const REMOTE_NO_OS: &str = "remote mode: the OS baseline needs a server of its own on the \
+                            remote host, which `bench server` does not run";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -423,11 +450,12 @@ fn local(args: &RunArgs) -> Result<(), String> {
     let settings = args.settings(place.client_core);
     let mut wanted = args.transports.clone();
     wanted.dedup();
-    let measured = wanted
+    // uds and tcp are measured with their OS baseline; verbs (if present) without.
+    let sockets = wanted
         .iter()
         .filter(|&&t| t != TransportName::Verbs)
         .count() as u64;
-    let progress = args.progress(settings.jobs() * measured);
+    let progress = args.progress(settings.jobs(true) * sockets);
     let mut transports = Vec::new();
     let mut unavailable = Vec::new();
     for t in wanted {
@@ -437,23 +465,29 @@ fn local(args: &RunArgs) -> Result<(), String> {
                 let (dir, path) = local_socket()?;
                 let uds = UdsTransport::default();
                 let addr = spawn_server(uds.clone(), UdsAddr(path), place.server_core)?;
-                let r = suite::run(&uds, &addr, &settings, &progress);
+                let os = os::Server::start(
+                    os::Target::Uds(dir.path().join("os.sock")),
+                    place.server_core,
+                )?;
+                let baseline = OsBaseline::Measure(os.target());
+                let r = suite::run(&uds, &addr, baseline, &settings, &progress);
+                drop(os);
                 drop(dir);
                 transports.push(r?);
             }
             TransportName::Tcp => {
                 let tcp = TcpTransport::default();
-                let addr = spawn_server(
-                    tcp.clone(),
-                    "127.0.0.1:0".parse().expect("valid"),
-                    place.server_core,
-                )?;
-                transports.push(suite::run(&tcp, &addr, &settings, &progress)?);
+                let loopback: SocketAddr = "127.0.0.1:0".parse().expect("valid");
+                let addr = spawn_server(tcp.clone(), loopback, place.server_core)?;
+                let os = os::Server::start(os::Target::Tcp(loopback), place.server_core)?;
+                let baseline = OsBaseline::Measure(os.target());
+                transports.push(suite::run(&tcp, &addr, baseline, &settings, &progress)?);
             }
             TransportName::Verbs => match verbs_here() {
                 Ok((verbs, addr)) => {
                     let addr = spawn_server(verbs.clone(), addr, place.server_core)?;
-                    transports.push(suite::run(&verbs, &addr, &settings, &progress)?);
+                    let baseline = OsBaseline::Skip(VERBS_NO_OS.into());
+                    transports.push(suite::run(&verbs, &addr, baseline, &settings, &progress)?);
                 }
                 Err(reason) => unavailable.push(Unavailable {
                     transport: "verbs".into(),
@@ -648,12 +682,19 @@ fn client(host: &str, transport: RemoteTransport, args: &RunArgs) -> Result<(), 
     let addr = resolve(host)?;
     let place = placement(args.pin, "remote");
     let settings = args.settings(place.client_core);
-    let progress = args.progress(settings.jobs());
+    let progress = args.progress(settings.jobs(false));
+    let remote = || OsBaseline::Skip(REMOTE_NO_OS.into());
     let r = match transport {
-        RemoteTransport::Tcp => suite::run(&TcpTransport::default(), &addr, &settings, &progress),
+        RemoteTransport::Tcp => suite::run(
+            &TcpTransport::default(),
+            &addr,
+            remote(),
+            &settings,
+            &progress,
+        ),
         RemoteTransport::Verbs => {
             let v = VerbsTransport::new(VerbsConfig::default()).map_err(|e| e.to_string())?;
-            suite::run(&v, &addr, &settings, &progress)
+            suite::run(&v, &addr, remote(), &settings, &progress)
         }
     };
     progress.finish_and_clear();

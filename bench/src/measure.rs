@@ -321,11 +321,11 @@ async fn client_thread<T: Transport>(
     Ok(r)
 }
 
-fn new_hist() -> Histogram<u64> {
+pub(crate) fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
 }
 
-fn record(h: &mut Histogram<u64>, d: Duration) {
+pub(crate) fn record(h: &mut Histogram<u64>, d: Duration) {
     let _ = h.record(d.as_nanos().clamp(1, 60_000_000_000) as u64);
 }
 

@@ -1,7 +1,8 @@
-//! A whole comparison on one transport: pings, then every (threads, size, op) cell, raw and
-//! RPC interleaved, repeated; then the statistics.
+//! A whole comparison on one transport: pings, then every (threads, size, op) cell, the OS
+//! baseline (when there is one), raw and RPC interleaved, repeated; then the statistics.
 
 use crate::measure::{self, CostFigures, Job, Layer, Op, Outcome};
+use crate::os;
 use indicatif::ProgressBar;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -45,11 +46,24 @@ impl Settings {
         (self.window_bytes / size.max(1)).clamp(1, self.window.max(1))
     }
 
-    /// Number of measurements the suite runs on one transport (for the progress bar).
-    pub fn jobs(&self) -> u64 {
+    /// Number of measurements the suite runs on one transport, with or without the OS
+    /// baseline (for the progress bar).
+    pub fn jobs(&self, os: bool) -> u64 {
         let raw_ops = self.raw_ops().len();
-        let per_rep = self.threads.len() * self.sizes.len() * (self.ops.len() + raw_ops);
-        ((per_rep + 2) * self.repeat) as u64
+        let mut per_rep = self.threads.len() * self.sizes.len() * (self.ops.len() + raw_ops) + 2;
+        if os {
+            per_rep += 1 + self.os_stream_sizes();
+        }
+        (per_rep * self.repeat) as u64
+    }
+
+    /// OS streams per repetition: one per size, beside the send/oneway cells of one thread.
+    fn os_stream_sizes(&self) -> usize {
+        if self.threads.contains(&1) && self.raw_ops().contains(&Op::Send) {
+            self.sizes.len()
+        } else {
+            0
+        }
     }
 
     fn raw_ops(&self) -> Vec<Op> {
@@ -131,9 +145,12 @@ pub struct Latency {
     pub costs: CostFigures,
 }
 
-/// Raw ping-pong vs RPC `void o()`.
+/// OS ping-pong, raw ping-pong and RPC `void o()`.
 #[derive(Debug, Clone, Serialize)]
 pub struct PingRow {
+    /// 1-byte ping-pong over blocking OS sockets without a runtime (the machine's limit);
+    /// `None` when not measured (see [`TransportReport::os_baseline`]).
+    pub os: Option<Latency>,
     /// 1-byte messages echoed through the backend connection.
     pub raw: Latency,
     /// `void o()` calls.
@@ -142,6 +159,10 @@ pub struct PingRow {
     pub latency_ratio: f64,
     /// Median of the per-run mean RPC latencies / the same for raw.
     pub mean_latency_ratio: f64,
+    /// Raw p50 round trip / OS p50 round trip.
+    pub raw_os_latency_ratio: Option<f64>,
+    /// RPC p50 round trip / OS p50 round trip: how far RPC is from what the machine can do.
+    pub rpc_os_latency_ratio: Option<f64>,
 }
 
 /// One throughput cell.
@@ -163,6 +184,14 @@ pub struct Cell {
     /// measured back to back (a paired comparison: noise from other processes that slows one
     /// repetition down slows both of its runs).
     pub utilization: f64,
+    /// The OS stream of the same size (blocking socket into a reading sink, one thread, no
+    /// runtime): send and oneway cells of one thread, when the OS baseline is measured.
+    pub os: Option<Figures>,
+    /// Raw Mbit/s / OS Mbit/s, paired like `utilization`.
+    pub raw_os_utilization: Option<f64>,
+    /// RPC Mbit/s / OS Mbit/s, paired like `utilization`: the share of what the machine can
+    /// do that RPC gets.
+    pub rpc_os_utilization: Option<f64>,
 }
 
 /// Everything measured on one transport.
@@ -170,6 +199,8 @@ pub struct Cell {
 pub struct TransportReport {
     /// Backend name.
     pub transport: String,
+    /// What the OS baseline (`os` figures) is, or why it was not measured.
+    pub os_baseline: String,
     /// The latency row.
     pub ping: PingRow,
     /// Throughput cells.
@@ -248,13 +279,37 @@ fn paired_ratio(rpc: &[Outcome], raw: &[Outcome]) -> f64 {
     .median
 }
 
-/// Runs the suite against the bench server at `addr`.
+/// One side of a comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Side {
+    /// Blocking OS sockets, no runtime.
+    Os,
+    /// The backend connection.
+    Raw,
+    /// RPC over it.
+    Rpc,
+}
+
+/// The OS baseline of a transport: measured against `Target`, or not, and why.
+pub enum OsBaseline<'a> {
+    /// Measure against the OS baseline server at this target.
+    Measure(&'a os::Target),
+    /// Not measured, for this reason.
+    Skip(String),
+}
+
+/// Runs the suite against the bench server at `addr` (and the OS baseline server, if any).
 pub fn run<T: Transport + Clone>(
     transport: &T,
     addr: &T::Addr,
+    os_baseline: OsBaseline<'_>,
     s: &Settings,
     progress: &ProgressBar,
 ) -> Result<TransportReport, String> {
+    let os_target = match &os_baseline {
+        OsBaseline::Measure(t) => Some(*t),
+        OsBaseline::Skip(_) => None,
+    };
     let name = transport.capabilities().name.to_string();
     let job = |op, layer, size, count, threads| Job {
         op,
@@ -265,39 +320,57 @@ pub fn run<T: Transport + Clone>(
         window: s.window_for(size),
         client_core: s.client_core,
     };
+    let measure_side = |side: Side, op: Op, size: usize, count: u64, threads: usize| match side {
+        Side::Os => match (os_target, op) {
+            (Some(t), Op::Ping) => os::ping(t, count, s.client_core),
+            (Some(t), Op::Send) => os::stream(t, size, count, s.client_core),
+            (None, _) => Err("the OS baseline is not measured here".to_string()),
+            (Some(_), op) => Err(format!("the OS baseline has no {} test", op.name())),
+        },
+        Side::Raw => measure::run(transport, addr, job(op, Layer::Raw, size, count, threads)),
+        Side::Rpc => measure::run(transport, addr, job(op, Layer::Rpc, size, count, threads)),
+    };
     let repeat = s.repeat.max(1);
-    // The pings of a repetition are measured in chunks, raw and RPC alternating as
-    // raw, rpc, rpc, raw: a burst of load from other processes, or a drift in the
-    // machine's speed, then falls on both sides alike instead of on one of them.
-    let ping_chunks = (2 * PING_PAIRS) as u64;
-    // Chunks per layer over the whole suite; the pings are shared out exactly between them.
+    // The pings of a repetition are measured in chunks, the sides alternating as
+    // os, raw, rpc, rpc, raw, os (raw, rpc, rpc, raw without the OS baseline): a burst of
+    // load from other processes, or a drift in the machine's speed, then falls on every
+    // side alike instead of on one of them.
+    let sides: &[Side] = if os_target.is_some() {
+        &[Side::Os, Side::Raw, Side::Rpc]
+    } else {
+        &[Side::Raw, Side::Rpc]
+    };
+    let ping_chunks = PING_PAIRS * sides.len();
+    // Chunks per side over the whole suite; the pings are shared out exactly between them.
     let per_layer = repeat as u64 * PING_PAIRS as u64;
     let pings_in = |i: u64| (s.pings / per_layer + u64::from(i < s.pings % per_layer)).max(1);
+    let mut ping_os = Vec::new();
     let mut ping_raw = Vec::new();
     let mut ping_rpc = Vec::new();
-    // (layer, op, size, threads) -> runs, in repetition order
-    let mut runs: HashMap<(Layer, Op, usize, usize), Vec<Outcome>> = HashMap::new();
+    // (side, op, size, threads) -> runs, in repetition order
+    let mut runs: HashMap<(Side, Op, usize, usize), Vec<Outcome>> = HashMap::new();
     let raw_ops = s.raw_ops();
     for rep in 0..repeat {
         progress.set_message(format!("{name}: ping, run {}/{repeat}", rep + 1));
         for chunk in 0..ping_chunks {
-            let layer = if (chunk + 1) % 4 < 2 {
-                Layer::Raw
+            let k = sides.len();
+            let p = chunk % (2 * k);
+            let side = if p < k {
+                sides[p]
             } else {
-                Layer::Rpc
+                sides[2 * k - 1 - p]
             };
-            let (size, out) = match layer {
-                Layer::Raw => (1, &mut ping_raw),
-                Layer::Rpc => (0, &mut ping_rpc),
+            let out = match side {
+                Side::Os => &mut ping_os,
+                Side::Raw => &mut ping_raw,
+                Side::Rpc => &mut ping_rpc,
             };
             let count = pings_in(out.len() as u64);
-            out.push(measure::run(
-                transport,
-                addr,
-                job(Op::Ping, layer, size, count, 1),
-            )?);
+            // 1-byte raw and OS messages, `void o()` calls.
+            let size = usize::from(side != Side::Rpc);
+            out.push(measure_side(side, Op::Ping, size, count, 1)?);
         }
-        progress.inc(2);
+        progress.inc(sides.len() as u64);
         for &threads in &s.threads {
             for &size in &s.sizes {
                 let count = s.calls_for(size).max(threads as u64);
@@ -306,23 +379,26 @@ pub fn run<T: Transport + Clone>(
                     rep + 1
                 ));
                 for &op in &raw_ops {
-                    // Raw first in even repetitions, RPC first in odd ones: each pair of
-                    // runs is measured back to back, and neither side always goes first.
+                    // OS and raw first in even repetitions, RPC first in odd ones: the runs
+                    // of a cell are measured back to back, and no side always goes first.
                     let mut measured = Vec::new();
-                    let mut jobs: Vec<(Layer, Op)> = vec![(Layer::Raw, op)];
+                    let mut jobs: Vec<(Side, Op)> = Vec::new();
+                    if os_target.is_some() && op == Op::Send && threads == 1 {
+                        jobs.push((Side::Os, op));
+                    }
+                    jobs.push((Side::Raw, op));
                     jobs.extend(
                         s.ops
                             .iter()
                             .filter(|&&r| raw_twin(r) == op)
-                            .map(|&r| (Layer::Rpc, r)),
+                            .map(|&r| (Side::Rpc, r)),
                     );
                     if rep % 2 == 1 {
                         jobs.reverse();
                     }
-                    for (layer, op) in jobs {
-                        let o =
-                            measure::run(transport, addr, job(op, layer, size, count, threads))?;
-                        measured.push(((layer, op, size, threads), o));
+                    for (side, op) in jobs {
+                        let o = measure_side(side, op, size, count, threads)?;
+                        measured.push(((side, op, size, threads), o));
                         progress.inc(1);
                     }
                     for (key, o) in measured {
@@ -334,9 +410,17 @@ pub fn run<T: Transport + Clone>(
     }
     let raw = latency(&ping_raw)?;
     let rpc = latency(&ping_rpc)?;
+    let os = if ping_os.is_empty() {
+        None
+    } else {
+        Some(latency(&ping_os)?)
+    };
     let ping = PingRow {
         latency_ratio: rpc.p50_us / raw.p50_us.max(1e-9),
         mean_latency_ratio: rpc.us_per_call.median / raw.us_per_call.median.max(1e-9),
+        raw_os_latency_ratio: os.as_ref().map(|o| raw.p50_us / o.p50_us.max(1e-9)),
+        rpc_os_latency_ratio: os.as_ref().map(|o| rpc.p50_us / o.p50_us.max(1e-9)),
+        os,
         raw,
         rpc,
     };
@@ -345,8 +429,9 @@ pub fn run<T: Transport + Clone>(
         for &op in &s.ops {
             for &size in &s.sizes {
                 let raw_op = raw_twin(op);
-                let raw_runs = &runs[&(Layer::Raw, raw_op, size, threads)];
-                let rpc_runs = &runs[&(Layer::Rpc, op, size, threads)];
+                let raw_runs = &runs[&(Side::Raw, raw_op, size, threads)];
+                let rpc_runs = &runs[&(Side::Rpc, op, size, threads)];
+                let os_runs = runs.get(&(Side::Os, raw_op, size, threads));
                 let utilization = paired_ratio(rpc_runs, raw_runs);
                 cells.push(Cell {
                     op,
@@ -356,12 +441,19 @@ pub fn run<T: Transport + Clone>(
                     utilization,
                     raw: figures(raw_runs),
                     rpc: figures(rpc_runs),
+                    os: os_runs.map(|o| figures(o)),
+                    raw_os_utilization: os_runs.map(|o| paired_ratio(raw_runs, o)),
+                    rpc_os_utilization: os_runs.map(|o| paired_ratio(rpc_runs, o)),
                 });
             }
         }
     }
     Ok(TransportReport {
         transport: name,
+        os_baseline: match os_baseline {
+            OsBaseline::Measure(t) => t.describe().to_string(),
+            OsBaseline::Skip(why) => format!("not measured: {why}"),
+        },
         ping,
         cells,
     })
