@@ -314,12 +314,24 @@ fn verdict(d: &Diagnosis, util: f64, ping_ratio: f64, twoway: bool) -> String {
 }
 
 impl Report {
+    /// One line per measured transport without an OS baseline, saying why.
+    fn os_notes(&self, out: &mut String) {
+        for r in self.transports.iter().filter(|r| r.ping.os.is_none()) {
+            let _ = writeln!(out, "  {:<9}  os: {}", r.transport, r.os_baseline);
+        }
+    }
+
     /// The terminal rendering.
     pub fn render(&self) -> String {
         let mut out = String::new();
+        let against = if self.transports.iter().any(|r| r.ping.os.is_some()) {
+            ", against the OS's own sockets"
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
-            "bench {}: raw backend connection vs RPC over it ({} mode)",
+            "bench {}: raw backend connection vs RPC over it{against} ({} mode)",
             self.version, self.placement.mode
         );
         let _ = writeln!(out, "placement: {}", self.placement.summary);
@@ -329,26 +341,48 @@ impl Report {
             self.settings.repeat, self.settings.window, size_label(self.settings.window_bytes)
         );
         out.push('\n');
-        out.push_str(
-            "Latency: raw = 1-byte ping-pong on the backend connection, rpc = `void o()` call; raw and rpc measured in alternating chunks; µs/rt = mean per chunk\n",
-        );
-        let mut t = Table::new(
-            &[
-                "transport",
-                "raw µs/rt",
-                "raw p50/p99 µs",
-                "rpc µs/call",
-                "rpc p50/p99 µs",
-                "rpc calls/s",
-                "rpc/raw p50",
-                "rpc/raw mean",
-            ],
-            1,
-        );
+        // The OS columns appear when some transport has its OS baseline (local mode, uds and
+        // tcp); a transport without one shows "n/a" there.
+        let with_os = self.transports.iter().any(|r| r.ping.os.is_some());
+        if with_os {
+            out.push_str(
+                "Latency: os = 1-byte ping-pong over blocking OS sockets, no runtime (what the machine can do), raw = 1-byte ping-pong on the backend connection, rpc = `void o()` call; os, raw and rpc measured in alternating chunks; µs/rt = mean per chunk\n",
+            );
+        } else {
+            out.push_str(
+                "Latency: raw = 1-byte ping-pong on the backend connection, rpc = `void o()` call; raw and rpc measured in alternating chunks; µs/rt = mean per chunk\n",
+            );
+        }
+        let mut header = vec!["transport"];
+        if with_os {
+            header.extend(["os µs/rt", "os p50/p99 µs"]);
+        }
+        header.extend([
+            "raw µs/rt",
+            "raw p50/p99 µs",
+            "rpc µs/call",
+            "rpc p50/p99 µs",
+            "rpc calls/s",
+            "rpc/raw p50",
+            "rpc/raw mean",
+        ]);
+        if with_os {
+            header.extend(["raw/os p50", "rpc/os p50"]);
+        }
+        let mut t = Table::new(&header, 1);
         for r in &self.transports {
             let p = &r.ping;
-            t.row(vec![
-                r.transport.clone(),
+            let mut row = vec![r.transport.clone()];
+            if with_os {
+                match &p.os {
+                    Some(os) => row.extend([
+                        stat(&os.us_per_call),
+                        format!("{} / {}", num(os.p50_us), num(os.p99_us)),
+                    ]),
+                    None => row.extend(["n/a".into(), "n/a".into()]),
+                }
+            }
+            row.extend([
                 stat(&p.raw.us_per_call),
                 format!("{} / {}", num(p.raw.p50_us), num(p.raw.p99_us)),
                 stat(&p.rpc.us_per_call),
@@ -357,38 +391,60 @@ impl Report {
                 format!("{:.2}x", p.latency_ratio),
                 format!("{:.2}x", p.mean_latency_ratio),
             ]);
+            if with_os {
+                let x = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.2}x"));
+                row.extend([x(p.raw_os_latency_ratio), x(p.rpc_os_latency_ratio)]);
+            }
+            t.row(row);
         }
         t.render(&mut out);
         for u in &self.unavailable {
             let _ = writeln!(out, "  {:<9}  not available: {}", u.transport, u.reason);
         }
+        self.os_notes(&mut out);
         out.push('\n');
         out.push_str("Throughput in Mbit/s of payload: raw = message stream on the backend connection (send/oneway: into a sink, recv: from a source, echo: echoed stream); util = median over the runs of rpc / raw measured back to back\n");
-        let mut t = Table::new(
-            &[
-                "transport",
-                "op",
-                "size",
-                "threads",
-                "raw Mbit/s",
-                "rpc Mbit/s",
-                "rpc calls/s",
-                "util",
-            ],
-            2,
-        );
+        let with_os = self
+            .transports
+            .iter()
+            .any(|r| r.cells.iter().any(|c| c.os.is_some()));
+        if with_os {
+            out.push_str("os = blocking OS socket stream of writes of the size into a reading sink, one thread, no runtime (beside send and oneway at 1 thread; - where there is none); raw/os, rpc/os = median over the runs of raw / os and rpc / os measured back to back\n");
+        }
+        let mut header = vec!["transport", "op", "size", "threads"];
+        if with_os {
+            header.push("os Mbit/s");
+        }
+        header.extend(["raw Mbit/s", "rpc Mbit/s", "rpc calls/s", "util"]);
+        if with_os {
+            header.extend(["raw/os", "rpc/os"]);
+        }
+        let mut t = Table::new(&header, 2);
+        let pct = |v: f64| format!("{:.0}%", v * 100.0);
         for r in &self.transports {
+            // "n/a": this transport has no OS baseline; "-": this row has no OS twin.
+            let none = if r.ping.os.is_some() { "-" } else { "n/a" };
             for c in &r.cells {
-                t.row(vec![
+                let mut row = vec![
                     r.transport.clone(),
                     c.op.name().to_string(),
                     size_label(c.size),
                     c.threads.to_string(),
+                ];
+                if with_os {
+                    row.push(c.os.as_ref().map_or(none.into(), |f| stat(&f.mbit_s)));
+                }
+                row.extend([
                     stat(&c.raw.mbit_s),
                     stat(&c.rpc.mbit_s),
                     format!("{:.0}", c.rpc.calls_s.median),
-                    format!("{:.0}%", c.utilization * 100.0),
+                    pct(c.utilization),
                 ]);
+                if with_os {
+                    row.push(c.raw_os_utilization.map_or(none.into(), pct));
+                    row.push(c.rpc_os_utilization.map_or(none.into(), pct));
+                }
+                t.row(row);
             }
         }
         t.render(&mut out);
@@ -453,6 +509,220 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::measure::{CostFigures, Op};
+    use crate::suite::{Figures, Latency, PingRow};
+
+    fn flat(v: f64) -> Stat {
+        Stat {
+            min: v,
+            median: v,
+            max: v,
+        }
+    }
+
+    fn lat(p50: f64) -> Latency {
+        Latency {
+            us_per_call: flat(p50),
+            calls_s: flat(1e6 / p50),
+            p50_us: p50,
+            p99_us: 2.0 * p50,
+            calls: 1000,
+            costs: CostFigures::default(),
+        }
+    }
+
+    fn fig(mbit: f64) -> Figures {
+        Figures {
+            mbit_s: flat(mbit),
+            calls_s: flat(mbit),
+            calls: 100,
+            costs: CostFigures::default(),
+        }
+    }
+
+    /// A transport with (or without) OS figures: os 10 µs / 40 000 Mbit/s, raw 12 µs /
+    /// 30 000, rpc 15 µs / 20 000; one send and one echo cell.
+    fn transport(name: &str, with_os: bool) -> TransportReport {
+        let os = with_os.then(|| lat(10.0));
+        let cell = |op, os: bool| Cell {
+            op,
+            raw_op: crate::suite::raw_twin(op),
+            size: 256 << 10,
+            threads: 1,
+            raw: fig(30_000.0),
+            rpc: fig(20_000.0),
+            utilization: 20.0 / 30.0,
+            os: os.then(|| fig(40_000.0)),
+            raw_os_utilization: os.then_some(0.75),
+            rpc_os_utilization: os.then_some(0.5),
+        };
+        TransportReport {
+            transport: name.into(),
+            os_baseline: if with_os {
+                "blocking std UnixStream".into()
+            } else {
+                "not measured: remote mode".into()
+            },
+            ping: PingRow {
+                raw_os_latency_ratio: os.as_ref().map(|_| 1.2),
+                rpc_os_latency_ratio: os.as_ref().map(|_| 1.5),
+                os,
+                raw: lat(12.0),
+                rpc: lat(15.0),
+                latency_ratio: 1.25,
+                mean_latency_ratio: 1.25,
+            },
+            cells: vec![cell(Op::Send, with_os), cell(Op::Echo, false)],
+        }
+    }
+
+    fn report(transports: Vec<TransportReport>) -> Report {
+        let settings = crate::suite::Settings {
+            sizes: vec![256 << 10],
+            threads: vec![1],
+            ops: vec![Op::Send, Op::Echo],
+            pings: 1000,
+            repeat: 1,
+            bytes_per_run: 1 << 20,
+            min_calls: 1,
+            max_calls: 10,
+            window: 16,
+            window_bytes: 2 << 20,
+            client_core: Some(0),
+        };
+        Report {
+            version: "test",
+            placement: Placement {
+                mode: "local".into(),
+                client_core: Some(0),
+                server_core: Some(0),
+                allowed_cpus: vec![0],
+                summary: "same CPU 0".into(),
+            },
+            settings,
+            transports,
+            unavailable: Vec::new(),
+            diagnosis: Vec::new(),
+            wall_seconds: 1.0,
+        }
+    }
+
+    /// The line of `table` (rendered text) whose first cells are `first`, split in cells.
+    fn row<'a>(text: &'a str, header: &str, first: &[&str]) -> Vec<&'a str> {
+        let table = &text[text.find(header).unwrap_or_else(|| panic!("{text}"))..];
+        table
+            .lines()
+            .map(|l| {
+                l.split("  ")
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .collect::<Vec<_>>()
+            })
+            .find(|cells| cells.starts_with(first))
+            .unwrap_or_else(|| panic!("no row {first:?} in {table}"))
+    }
+
+    /// The tables show os beside raw and rpc, and raw and rpc against os; the columns that
+    /// were there keep their place relative to each other and their meaning.
+    #[test]
+    fn tables_show_the_os_column_and_the_utilization_against_it() {
+        let text = report(vec![transport("uds", true), transport("tcp", false)]).render();
+        assert!(text.contains("against the OS's own sockets"), "{text}");
+
+        let h = row(&text, "transport", &["transport", "os µs/rt"]);
+        assert_eq!(
+            h,
+            [
+                "transport",
+                "os µs/rt",
+                "os p50/p99 µs",
+                "raw µs/rt",
+                "raw p50/p99 µs",
+                "rpc µs/call",
+                "rpc p50/p99 µs",
+                "rpc calls/s",
+                "rpc/raw p50",
+                "rpc/raw mean",
+                "raw/os p50",
+                "rpc/os p50"
+            ]
+        );
+        let uds = row(&text, "os µs/rt", &["uds"]);
+        assert_eq!(uds[1..3], ["10.0 (10.0-10.0)", "10.0 / 20.0"]);
+        assert_eq!(uds[8..], ["1.25x", "1.25x", "1.20x", "1.50x"]);
+        let tcp = row(&text, "os µs/rt", &["tcp"]);
+        assert_eq!(tcp[1..3], ["n/a", "n/a"]);
+        assert_eq!(tcp[10..], ["n/a", "n/a"]);
+        assert!(
+            text.contains("tcp        os: not measured: remote mode"),
+            "{text}"
+        );
+
+        let h = row(&text, "Throughput", &["transport", "op"]);
+        assert_eq!(
+            h,
+            [
+                "transport",
+                "op",
+                "size",
+                "threads",
+                "os Mbit/s",
+                "raw Mbit/s",
+                "rpc Mbit/s",
+                "rpc calls/s",
+                "util",
+                "raw/os",
+                "rpc/os"
+            ]
+        );
+        let send = row(&text, "Throughput", &["uds", "send"]);
+        assert_eq!(send[4], "40000 (40000-40000)");
+        assert_eq!(send[8..], ["67%", "75%", "50%"]);
+        // Echo has no OS twin; a transport without the baseline says n/a.
+        let echo = row(&text, "Throughput", &["uds", "echo"]);
+        assert_eq!((echo[4], &echo[9..]), ("-", &["-", "-"][..]));
+        let tcp = row(&text, "Throughput", &["tcp", "send"]);
+        assert_eq!((tcp[4], &tcp[9..]), ("n/a", &["n/a", "n/a"][..]));
+    }
+
+    /// Without any OS figures (remote mode) the tables are the ones without os columns.
+    #[test]
+    fn without_os_figures_the_os_columns_are_left_out() {
+        let text = report(vec![transport("tcp", false)]).render();
+        assert!(
+            !text.contains("os Mbit/s") && !text.contains("rpc/os"),
+            "{text}"
+        );
+        assert!(!text.contains("against the OS"), "{text}");
+        let h = row(&text, "transport", &["transport"]);
+        assert_eq!(h[1], "raw µs/rt");
+        assert!(text.contains("os: not measured: remote mode"), "{text}");
+    }
+
+    /// The JSON report has the OS figures and ratios, null where not measured.
+    #[test]
+    fn json_has_the_os_figures() {
+        let v = serde_json::to_value(report(vec![
+            transport("uds", true),
+            transport("tcp", false),
+        ]))
+        .unwrap();
+        let uds = &v["transports"][0];
+        assert_eq!(uds["ping"]["os"]["p50_us"], 10.0);
+        assert_eq!(uds["ping"]["rpc_os_latency_ratio"], 1.5);
+        assert_eq!(uds["ping"]["raw_os_latency_ratio"], 1.2);
+        assert_eq!(uds["cells"][0]["os"]["mbit_s"]["median"], 40_000.0);
+        assert_eq!(uds["cells"][0]["rpc_os_utilization"], 0.5);
+        assert_eq!(uds["cells"][0]["raw_os_utilization"], 0.75);
+        assert!(uds["cells"][1]["os"].is_null());
+        let tcp = &v["transports"][1];
+        assert!(tcp["ping"]["os"].is_null());
+        assert!(tcp["ping"]["rpc_os_latency_ratio"].is_null());
+        assert!(tcp["os_baseline"]
+            .as_str()
+            .unwrap()
+            .starts_with("not measured"));
+    }
 
     /// A diagnosis where RPC costs exactly what raw does.
     fn even() -> Diagnosis {

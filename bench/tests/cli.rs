@@ -91,10 +91,26 @@ fn json_report_and_svg_plot() {
     for t in transports {
         assert_eq!(t["ping"]["raw"]["calls"], 40);
         assert_eq!(t["ping"]["rpc"]["calls"], 40);
+        // The OS baseline of uds and tcp, in the same run: as many round trips.
+        assert_eq!(t["ping"]["os"]["calls"], 40, "{t}");
+        assert!(t["ping"]["os"]["p50_us"].as_f64().unwrap() > 0.0);
+        assert!(t["ping"]["rpc_os_latency_ratio"].as_f64().unwrap() > 0.0);
+        assert!(t["os_baseline"].as_str().unwrap().contains("blocking"));
         let cells = t["cells"].as_array().unwrap();
         // 2 ops x 2 sizes x 1 thread count.
         assert_eq!(cells.len(), 4);
         for c in cells {
+            // An OS stream beside send, none beside echo.
+            if c["op"] == "send" {
+                assert!(c["os"]["mbit_s"]["min"].as_f64().unwrap() > 0.0, "{c}");
+                assert!(c["rpc_os_utilization"].as_f64().unwrap() > 0.0, "{c}");
+                assert!(c["raw_os_utilization"].as_f64().unwrap() > 0.0, "{c}");
+            } else {
+                assert!(
+                    c["os"].is_null() && c["rpc_os_utilization"].is_null(),
+                    "{c}"
+                );
+            }
             for side in ["raw", "rpc"] {
                 let m = &c[side]["mbit_s"];
                 let (min, med, max) = (
@@ -160,11 +176,15 @@ fn table_output_names_units_and_sections() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8(o.stdout).unwrap();
     for want in [
+        "os µs/rt",
         "raw µs/rt",
         "rpc µs/call",
+        "rpc/os p50",
+        "os Mbit/s",
         "raw Mbit/s",
         "rpc Mbit/s",
         "util",
+        "rpc/os",
         "Diagnosis",
         "placement:",
         "64 KB",
@@ -172,6 +192,27 @@ fn table_output_names_units_and_sections() {
         assert!(out.contains(want), "missing `{want}` in:\n{out}");
     }
     assert!(out.contains("uds: "), "a verdict line for uds:\n{out}");
+}
+
+/// Both latency placements run with the OS rows: client and server on one CPU, or on two.
+#[test]
+fn os_rows_at_both_pin_placements() {
+    for pin in ["same", "split"] {
+        let mut args = vec!["--json", "--transports", "uds,tcp", "--pin", pin];
+        args.extend_from_slice(TINY);
+        let o = bench(&args);
+        assert!(o.status.success(), "--pin {pin}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let place = &v["placement"];
+        if pin == "same" || place["allowed_cpus"].as_array().unwrap().len() < 2 {
+            assert_eq!(place["client_core"], place["server_core"], "{place}");
+        } else {
+            assert_ne!(place["client_core"], place["server_core"], "{place}");
+        }
+        for t in v["transports"].as_array().unwrap() {
+            assert_eq!(t["ping"]["os"]["calls"], 40, "--pin {pin}: {t}");
+        }
+    }
 }
 
 #[test]
@@ -235,4 +276,8 @@ fn server_and_client_across_a_socket() {
     assert_eq!(v["placement"]["mode"], "remote");
     assert_eq!(v["transports"][0]["transport"], "tcp");
     assert_eq!(v["transports"][0]["cells"].as_array().unwrap().len(), 4);
+    // No OS baseline against a remote server, and the report says why.
+    assert!(v["transports"][0]["ping"]["os"].is_null());
+    let why = v["transports"][0]["os_baseline"].as_str().unwrap();
+    assert!(why.contains("remote mode"), "{why}");
 }
