@@ -66,6 +66,9 @@ pub struct Diagnosis {
     pub ping_cpu_us: (f64, f64),
     /// The largest cost, in one sentence.
     pub verdict: String,
+    /// Where the round trip goes against the OS's own sockets (wake-ups and system calls per
+    /// round trip of os, raw and RPC), when the os baseline was measured.
+    pub latency_verdict: Option<String>,
 }
 
 /// The whole run.
@@ -195,6 +198,7 @@ pub fn diagnose(t: &TransportReport) -> Option<Diagnosis> {
             t.ping.raw.costs.cpu_us_per_call,
         ),
         verdict: String::new(),
+        latency_verdict: latency_verdict(t),
     };
     d.verdict = verdict(
         &d,
@@ -204,6 +208,50 @@ pub fn diagnose(t: &TransportReport) -> Option<Diagnosis> {
     );
     d.verdict = format!("{} (basis: {})", d.verdict.trim_end_matches('.'), d.basis) + ".";
     Some(d)
+}
+
+/// One sentence on the ping row against the os baseline: how far raw and RPC are from it, and
+/// whether the extra time goes to wake-ups (context switches of the whole process per round
+/// trip) or to the transport's reads and writes (client side; a runtime's `epoll_wait` calls
+/// are not among them, its wake-ups are).
+pub fn latency_verdict(t: &TransportReport) -> Option<String> {
+    let p = &t.ping;
+    let os = p.os.as_ref()?;
+    let (o, r, c) = (&os.costs, &p.raw.costs, &p.rpc.costs);
+    let ratio = p.rpc.p50_us / os.p50_us.max(1e-9);
+    let cause = if ratio <= 1.1 {
+        "at the OS's limit for this placement".to_string()
+    } else if c.context_switches_per_call > 1.3 * o.context_switches_per_call + 0.2 {
+        format!(
+            "the gap is wake-ups: {:.1} context switches per round trip for RPC and {:.1} raw against {:.1} for blocking sockets",
+            c.context_switches_per_call, r.context_switches_per_call, o.context_switches_per_call
+        )
+    } else if c.syscalls_per_call > 1.2 * o.syscalls_per_call {
+        format!(
+            "the gap is system calls: {:.1} reads and writes per round trip for RPC and {:.1} raw against {:.1}",
+            c.syscalls_per_call, r.syscalls_per_call, o.syscalls_per_call
+        )
+    } else {
+        format!(
+            "wake-ups ({:.1} context switches per round trip; os {:.1}) and reads and writes ({:.1}; os {:.1}) match the OS: the rest is CPU in the runtime (its epoll_wait calls are not counted here) and the RPC layer ({:.1} µs CPU per call, raw {:.1}, os {:.1})",
+            c.context_switches_per_call,
+            o.context_switches_per_call,
+            c.syscalls_per_call,
+            o.syscalls_per_call,
+            c.cpu_us_per_call,
+            r.cpu_us_per_call,
+            o.cpu_us_per_call
+        )
+    };
+    Some(format!(
+        "{} latency: RPC p50 {:.1} µs = {:.2}x the OS's blocking sockets ({:.1} µs), raw {:.2}x; {}.",
+        t.transport,
+        p.rpc.p50_us,
+        ratio,
+        os.p50_us,
+        p.raw.p50_us / os.p50_us.max(1e-9),
+        cause
+    ))
 }
 
 fn verdict(d: &Diagnosis, util: f64, ping_ratio: f64, twoway: bool) -> String {
@@ -499,6 +547,9 @@ impl Report {
             t.render(&mut out);
             for d in &self.diagnosis {
                 let _ = writeln!(out, "  {}", d.verdict);
+                if let Some(l) = &d.latency_verdict {
+                    let _ = writeln!(out, "  {l}");
+                }
             }
         }
         let _ = writeln!(out, "\n(total {:.1} s)", self.wall_seconds);
@@ -574,6 +625,45 @@ mod tests {
             },
             cells: vec![cell(Op::Send, with_os), cell(Op::Echo, false)],
         }
+    }
+
+    /// The latency line names wake-ups when RPC's round trip has more context switches than
+    /// the OS's, system calls when it has more reads and writes, and CPU otherwise; nothing
+    /// without an os baseline.
+    #[test]
+    fn latency_verdict_names_wake_ups_or_syscalls_against_the_os() {
+        let mut t = transport("uds", true);
+        let set = |l: &mut Latency, switches: f64, calls: f64| {
+            l.costs.context_switches_per_call = switches;
+            l.costs.syscalls_per_call = calls;
+        };
+        set(t.ping.os.as_mut().unwrap(), 2.0, 2.0);
+        set(&mut t.ping.raw, 4.0, 2.0);
+        set(&mut t.ping.rpc, 4.1, 2.0);
+        let v = latency_verdict(&t).expect("os measured");
+        assert!(v.starts_with("uds latency: RPC p50 15.0 µs = 1.50x"), "{v}");
+        assert!(v.contains("the gap is wake-ups: 4.1 context switches per round trip for RPC and 4.0 raw against 2.0"), "{v}");
+        set(&mut t.ping.rpc, 2.0, 3.0);
+        let v = latency_verdict(&t).unwrap();
+        assert!(
+            v.contains("the gap is system calls: 3.0 reads and writes"),
+            "{v}"
+        );
+        set(&mut t.ping.rpc, 2.0, 2.0);
+        let v = latency_verdict(&t).unwrap();
+        assert!(v.contains("match the OS: the rest is CPU"), "{v}");
+        let mut close = transport("uds", true);
+        close.ping.rpc.p50_us = 10.5;
+        let v = latency_verdict(&close).unwrap();
+        assert!(v.contains("at the OS's limit"), "{v}");
+        assert!(latency_verdict(&transport("tcp", false)).is_none());
+        let v = latency_verdict(&t).unwrap();
+        let d = diagnose(&t).expect("a diagnosis");
+        assert_eq!(d.latency_verdict.as_deref(), Some(&v[..]));
+        let mut r = report(vec![t]);
+        r.diagnosis.push(d);
+        let rendered = r.render();
+        assert!(rendered.contains(&format!("  {v}\n")), "{rendered}");
     }
 
     fn report(transports: Vec<TransportReport>) -> Report {
@@ -744,6 +834,7 @@ mod tests {
             raw_cpu_ms_per_gb: 150.0,
             ping_cpu_us: (9.0, 9.0),
             verdict: String::new(),
+            latency_verdict: None,
         }
     }
 
