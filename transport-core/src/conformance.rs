@@ -66,7 +66,7 @@ pub fn run<F: Future<Output = ()>>(name: &str, case: F) {
 #[macro_export]
 macro_rules! conformance_tests {
     ($backend:expr) => {
-        $crate::__conformance_cases!($backend;
+        $crate::__conformance_cases!($backend; conformance;
             raw_messages_in_order,
             raw_message_sizes,
             raw_send_too_large_is_rejected_locally,
@@ -98,16 +98,18 @@ macro_rules! conformance_tests {
     };
 }
 
+/// One `#[test]` per case: `cases` is the module (`conformance::cases`, `hostile::cases`)
+/// holding `pub async fn case(&backend)`; each runs under [`run`]'s time limit.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_cases {
-    ($backend:expr; $($case:ident),* $(,)?) => {
+    ($backend:expr; $cases:ident; $($case:ident),* $(,)?) => {
         $(
             #[test]
             fn $case() {
                 let backend = $backend;
                 $crate::conformance::run(stringify!($case), async move {
-                    $crate::conformance::cases::$case(&backend).await
+                    $crate::$cases::cases::$case(&backend).await
                 });
             }
         )*

@@ -80,7 +80,7 @@ const MAX_PAYLOAD: usize = crate::stream::DEFAULT_MAX_MESSAGE_SIZE - RPC_HEADER_
 #[macro_export]
 macro_rules! hostile_tests {
     ($backend:expr) => {
-        $crate::__hostile_cases!($backend;
+        $crate::__conformance_cases!($backend; hostile;
             duplicate_request_id_is_refused_and_the_call_in_flight_answered,
             closing_a_connection_cancels_its_handlers_and_frees_their_requests,
             request_bytes_per_connection_bound_the_running_handlers,
@@ -97,7 +97,7 @@ macro_rules! hostile_tests {
 #[macro_export]
 macro_rules! hostile_stream_tests {
     ($backend:expr) => {
-        $crate::__hostile_cases!($backend;
+        $crate::__conformance_cases!($backend; hostile;
             many_max_size_announcements_stay_within_the_receive_budget,
             stalled_partial_frames_are_closed_after_frame_timeout,
             rlimit_as_child_survives_max_size_announcements,
@@ -112,22 +112,6 @@ macro_rules! hostile_stream_tests {
         fn hostile_raw_request_is_answered() {
             $crate::hostile::raw_request_or_child(&$backend);
         }
-    };
-}
-
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __hostile_cases {
-    ($backend:expr; $($case:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $case() {
-                let backend = $backend;
-                $crate::conformance::run(stringify!($case), async move {
-                    $crate::hostile::cases::$case(&backend).await
-                });
-            }
-        )*
     };
 }
 
