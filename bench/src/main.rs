@@ -9,6 +9,7 @@
 //! bench server                  serve raw and RPC bench connections (TCP 127.0.0.1:5201)
 //! bench server --listen ADDR    the same for a client on another host (see below)
 //! bench client HOST[:PORT]      run the comparison against `bench server` on HOST (tcp or verbs)
+//! bench client unix:PATH        the same against `bench server --uds PATH` on this host
 //! bench scenario NAME           the middleware scenarios (typed, structured, clients, slow-clients, orb, all)
 //! bench doctor                  check the environment (memlock, RDMA devices, GIDs, MTU, socket limits)
 //! ```
@@ -108,13 +109,17 @@ enum Command {
     Local(RunArgs),
     /// Serve bench connections for `bench client` on another host.
     Server(ServerArgs),
-    /// Run the comparison against `bench server` on HOST (TCP, or verbs with --transport verbs).
+    /// Run the comparison against `bench server` on HOST (TCP, verbs with --transport verbs),
+    /// or at a Unix socket (`unix:PATH`, served by `bench server --uds PATH`).
     Client {
-        /// The server: HOST or HOST:PORT (default port 5201).
+        /// The server: HOST or HOST:PORT (default port 5201), or `unix:PATH` for its Unix
+        /// socket.
         host: String,
-        /// Transport to the server (verbs needs `bench server --verbs`).
-        #[arg(long, value_enum, default_value_t = RemoteTransport::Tcp)]
-        transport: RemoteTransport,
+        /// Transport to the server (verbs needs `bench server --verbs`; uds needs
+        /// `bench server --uds PATH` and takes `unix:PATH` or PATH as the server). Default:
+        /// uds for `unix:PATH`, else tcp.
+        #[arg(long, value_enum)]
+        transport: Option<RemoteTransport>,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -140,6 +145,7 @@ enum Pin {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum RemoteTransport {
+    Uds,
     Tcp,
     Verbs,
 }
@@ -251,6 +257,11 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
 }
 
 impl RunArgs {
+    /// `--transports` when not given.
+    fn default_transports() -> Vec<TransportName> {
+        vec![TransportName::Uds, TransportName::Tcp, TransportName::Verbs]
+    }
+
     fn settings(&self, client_core: Option<usize>) -> Settings {
         let sizes = self.sizes.clone().unwrap_or_else(|| {
             if self.full {
@@ -677,28 +688,97 @@ fn resolve(host: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("`{host}` resolves to no address"))
 }
 
-fn client(host: &str, transport: RemoteTransport, args: &RunArgs) -> Result<(), String> {
+/// Where `bench client` finds its server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Remote {
+    /// A Unix socket path (`bench server --uds PATH`).
+    Uds(PathBuf),
+    /// TCP or verbs at this address.
+    Ip(RemoteTransport, SocketAddr),
+}
+
+impl Remote {
+    /// `host` with `--transport`: `unix:PATH` means uds; `--transport uds` takes a path with or
+    /// without the prefix; anything else is HOST[:PORT] for tcp (default) or verbs.
+    fn parse(host: &str, transport: Option<RemoteTransport>) -> Result<Remote, String> {
+        let unix = host.strip_prefix("unix:");
+        let uds =
+            transport == Some(RemoteTransport::Uds) || (transport.is_none() && unix.is_some());
+        if uds {
+            let path = unix.unwrap_or(host);
+            if path.is_empty() {
+                return Err("empty Unix socket path: give unix:PATH".into());
+            }
+            return Ok(Remote::Uds(PathBuf::from(path)));
+        }
+        if unix.is_some() {
+            return Err(format!(
+                "`{host}` is a Unix socket: --transport tcp and verbs need HOST[:PORT]"
+            ));
+        }
+        Ok(Remote::Ip(
+            transport.unwrap_or(RemoteTransport::Tcp),
+            resolve(host)?,
+        ))
+    }
+
+    /// Where the server runs, for the placement line.
+    fn server_where(&self) -> &'static str {
+        match self {
+            Remote::Uds(_) => "server in another process on this host",
+            Remote::Ip(_, a) if a.ip().is_loopback() => "server in another process on this host",
+            Remote::Ip(..) => "server on the remote host",
+        }
+    }
+}
+
+fn client(host: &str, transport: Option<RemoteTransport>, args: &RunArgs) -> Result<(), String> {
     let started = Instant::now();
-    let addr = resolve(host)?;
-    let place = placement(args.pin, "remote");
+    if args.transports != RunArgs::default_transports() {
+        return Err(
+            "`bench client` runs one transport: choose it with --transport (or unix:PATH), not --transports"
+                .into(),
+        );
+    }
+    let remote_at = Remote::parse(host, transport)?;
+    let mut place = placement(args.pin, "remote");
+    place.summary = place
+        .summary
+        .replace("server on the remote host", remote_at.server_where());
     let settings = args.settings(place.client_core);
     let progress = args.progress(settings.jobs(false));
     let remote = || OsBaseline::Skip(REMOTE_NO_OS.into());
-    let r = match transport {
-        RemoteTransport::Tcp => suite::run(
-            &TcpTransport::default(),
-            &addr,
-            remote(),
-            &settings,
-            &progress,
+    let (r, at) = match &remote_at {
+        Remote::Uds(path) => (
+            suite::run(
+                &UdsTransport::default(),
+                &UdsAddr(path.clone()),
+                remote(),
+                &settings,
+                &progress,
+            ),
+            path.display().to_string(),
         ),
-        RemoteTransport::Verbs => {
+        Remote::Ip(RemoteTransport::Verbs, addr) => {
             let v = VerbsTransport::new(VerbsConfig::default()).map_err(|e| e.to_string())?;
-            suite::run(&v, &addr, remote(), &settings, &progress)
+            (
+                suite::run(&v, addr, remote(), &settings, &progress),
+                addr.to_string(),
+            )
         }
+        Remote::Ip(_, addr) => (
+            suite::run(
+                &TcpTransport::default(),
+                addr,
+                remote(),
+                &settings,
+                &progress,
+            ),
+            addr.to_string(),
+        ),
     };
     progress.finish_and_clear();
-    let r = r.map_err(|e| format!("{e} (is `bench server` running on {addr}?)"))?;
+    let r = r.map_err(|e| format!("{e} (is `bench server` running on {at}?)"))?;
     finish(args, place, settings, vec![r], Vec::new(), started)
 }
 
@@ -713,6 +793,34 @@ mod tests {
         assert_eq!(parse_size("500000"), Ok(500_000));
         assert!(parse_size("12x").is_err());
         assert!(parse_size("17M").is_err());
+    }
+
+    /// `bench client` reaches a Unix socket with `unix:PATH` (or `--transport uds PATH`),
+    /// refuses a Unix socket with tcp or verbs, and says where the server is truthfully.
+    #[test]
+    fn client_targets_parse_and_say_where_the_server_is() {
+        let p = |h: &str, t| Remote::parse(h, t);
+        assert_eq!(
+            p("unix:/tmp/b.sock", None),
+            Ok(Remote::Uds("/tmp/b.sock".into()))
+        );
+        assert_eq!(
+            p("/tmp/b.sock", Some(RemoteTransport::Uds)),
+            Ok(Remote::Uds("/tmp/b.sock".into()))
+        );
+        assert!(p("unix:", None).is_err());
+        assert!(p("unix:/tmp/b.sock", Some(RemoteTransport::Tcp)).is_err());
+        assert!(p("unix:/tmp/b.sock", Some(RemoteTransport::Verbs)).is_err());
+        let tcp = p("127.0.0.1", None).unwrap();
+        assert!(matches!(tcp, Remote::Ip(RemoteTransport::Tcp, a) if a.port() == DEFAULT_PORT));
+        assert_eq!(tcp.server_where(), "server in another process on this host");
+        let verbs = p("192.0.2.7:9", Some(RemoteTransport::Verbs)).unwrap();
+        assert!(matches!(verbs, Remote::Ip(RemoteTransport::Verbs, _)));
+        assert_eq!(verbs.server_where(), "server on the remote host");
+        assert_eq!(
+            p("unix:/x", None).unwrap().server_where(),
+            "server in another process on this host"
+        );
     }
 
     #[test]

@@ -281,3 +281,58 @@ fn server_and_client_across_a_socket() {
     let why = v["transports"][0]["os_baseline"].as_str().unwrap();
     assert!(why.contains("remote mode"), "{why}");
 }
+
+/// `bench client unix:PATH` runs the comparison against `bench server --uds PATH`, and
+/// `--transports` (which the client would ignore) is refused.
+#[test]
+fn client_reaches_the_servers_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("b.sock");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(["server", "--listen", &listen, "--uds"])
+        .arg(&sock)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut up = false;
+    for _ in 0..200 {
+        if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
+            up = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let target = format!("unix:{}", sock.display());
+    let result = up.then(|| {
+        let mut args = vec!["client", target.as_str(), "--json"];
+        args.extend_from_slice(TINY);
+        let ok = bench(&args);
+        let refused = bench(&["client", target.as_str(), "--transports", "tcp"]);
+        (ok, refused)
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+    let (o, refused) = result.expect("bench server did not start listening on its socket");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["placement"]["mode"], "remote");
+    assert_eq!(v["transports"][0]["transport"], "uds");
+    assert_eq!(v["transports"][0]["cells"].as_array().unwrap().len(), 4);
+    let summary = v["placement"]["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("another process on this host"),
+        "{summary}"
+    );
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("--transport"),
+        "{}",
+        stderr(&refused)
+    );
+}
