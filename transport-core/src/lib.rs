@@ -12,6 +12,7 @@
 //!   syscalls, doorbells, registrations, in-flight depth) so tools can explain where time goes.
 //! - [`budget`]: memory budgets shared by a transport's receivers or a server's handlers.
 //! - [`frame`]: the sans-IO stream framing; [`stream`]: connections over any byte stream.
+//! - [`spin`]: spinning before a runtime thread parks (a tokio `on_thread_park` hook).
 //! - [`rpc`]: the sans-IO RPC header codec, [`rpc::RpcClient`] and [`rpc::RpcServer`].
 //! - `conformance` (feature `conformance`): the test suite every backend runs.
 //!
@@ -38,6 +39,7 @@ pub mod frame;
 mod message;
 mod metrics;
 pub mod rpc;
+pub mod spin;
 pub mod stream;
 mod transport;
 

@@ -391,6 +391,8 @@ pub struct StreamReceiver<R> {
     progressed: bool,
     /// Armed on the first wait inside a frame, then kept (see [`until`]).
     stall_timer: Option<Pin<Box<Sleep>>>,
+    /// The socket, for spinning before the runtime parks ([`crate::spin`]).
+    spin_fd: Option<std::os::fd::RawFd>,
 }
 
 impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
@@ -410,7 +412,14 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
             stall_deadline: None,
             progressed: true,
             stall_timer: None,
+            spin_fd: None,
         }
+    }
+
+    /// Names the socket this receiver reads, so that a runtime thread with
+    /// [`crate::spin::park_hook`] installed polls it before parking while a read waits.
+    pub fn set_spin_fd(&mut self, fd: std::os::fd::RawFd) {
+        self.spin_fd = Some(fd);
     }
 
     /// Capacity of the current read buffer (for tests of the allocation bound).
@@ -617,7 +626,10 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
             let read = until(
                 &mut self.stall_timer,
                 deadline,
-                self.io.read_buf(&mut (&mut self.buf).limit(limit)),
+                crate::spin::spinning(
+                    self.spin_fd,
+                    self.io.read_buf(&mut (&mut self.buf).limit(limit)),
+                ),
             )
             .await;
             let n = match read {

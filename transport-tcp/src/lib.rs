@@ -259,10 +259,11 @@ impl Connection for TcpConnection {
     }
 
     fn split(self) -> (TcpSender, TcpReceiver) {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.stream);
         let (r, w) = self.stream.into_split();
-        (
-            StreamSender::new(w, self.metrics.clone(), &self.config.stream),
-            StreamReceiver::new(r, self.metrics, &self.config.stream),
-        )
+        let mut rx = StreamReceiver::new(r, self.metrics.clone(), &self.config.stream);
+        // The receiver owns the read half, so the socket outlives its registration.
+        rx.set_spin_fd(fd);
+        (StreamSender::new(w, self.metrics, &self.config.stream), rx)
     }
 }

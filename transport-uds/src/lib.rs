@@ -360,10 +360,16 @@ impl Connection for UdsConnection {
     }
 
     fn split(self) -> (UdsSender, UdsReceiver) {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.stream);
         let (r, w) = self.stream.into_split();
         (
             StreamSender::new(w, self.metrics.clone(), &self.config.stream),
-            StreamReceiver::new(r, self.metrics, &self.config.stream),
+            {
+                // The receiver owns the read half, so the socket outlives its registration.
+                let mut rx = StreamReceiver::new(r, self.metrics, &self.config.stream);
+                rx.set_spin_fd(fd);
+                rx
+            },
         )
     }
 }
