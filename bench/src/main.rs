@@ -191,6 +191,10 @@ struct RunArgs {
     /// CPU placement of client and server.
     #[arg(long, value_enum, default_value_t = Pin::Same)]
     pin: Pin,
+    /// Before a runtime thread sleeps, poll its waiting sockets for up to this many µs
+    /// (`transport_core::spin`; 0: never). Helps when client and server run on different CPUs.
+    #[arg(long, default_value_t = 0)]
+    spin_us: u64,
     /// Transports to measure (local mode).
     #[arg(long, value_delimiter = ',', value_enum, default_values_t = [TransportName::Uds, TransportName::Tcp, TransportName::Verbs])]
     transports: Vec<TransportName>,
@@ -225,6 +229,10 @@ struct ServerArgs {
     /// an RDMA device, not loopback: pass --listen).
     #[arg(long)]
     verbs: bool,
+    /// Before the server's runtime sleeps, poll its waiting sockets for up to this many µs
+    /// (0: never).
+    #[arg(long, default_value_t = 0)]
+    spin_us: u64,
     /// Pin the server to this CPU.
     #[arg(long)]
     core: Option<usize>,
@@ -263,6 +271,7 @@ impl RunArgs {
     }
 
     fn settings(&self, client_core: Option<usize>) -> Settings {
+        sys::set_spin(self.spin_us);
         let sizes = self.sizes.clone().unwrap_or_else(|| {
             if self.full {
                 vec![1024, 4096, 16384, 65536, 262_144, 500_000, 1 << 20]
@@ -421,10 +430,7 @@ where
                     return;
                 }
             }
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
+            let rt = match sys::runtime() {
                 Ok(rt) => rt,
                 Err(e) => {
                     let _ = tx.send(Err(e.to_string()));
@@ -610,10 +616,8 @@ fn server(a: &ServerArgs) -> Result<(), String> {
     if let Some(c) = a.core {
         sys::pin_current_thread(c)?;
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    sys::set_spin(a.spin_us);
+    let rt = sys::runtime().map_err(|e| e.to_string())?;
     rt.block_on(async {
         let mut shutdown = Shutdown::register()?;
         if let Some(w) = listen_warning(&a.listen) {

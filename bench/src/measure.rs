@@ -136,10 +136,7 @@ where
                 if let Some(core) = job.client_core {
                     sys::pin_current_thread(core)?;
                 }
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| e.to_string())?;
+                let rt = sys::runtime().map_err(|e| e.to_string())?;
                 let name = transport.capabilities().name;
                 // The client runs as a spawned task, not as the `block_on` future itself: a
                 // wake of the `block_on` future from another task (the RPC client's response

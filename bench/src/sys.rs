@@ -3,7 +3,33 @@
 use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::sys::resource::{getrusage, UsageWho};
 use nix::unistd::Pid;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+/// `--spin-us`: how long a runtime thread polls its waiting sockets before parking.
+static SPIN_US: AtomicU64 = AtomicU64::new(0);
+
+/// Sets the spin budget of every runtime [`runtime`] builds from now on.
+pub fn set_spin(us: u64) {
+    SPIN_US.store(us, Ordering::Relaxed);
+}
+
+/// The spin budget runtimes get (zero: no spinning).
+pub fn spin() -> Duration {
+    Duration::from_micros(SPIN_US.load(Ordering::Relaxed))
+}
+
+/// A current-thread tokio runtime with everything enabled and, with `--spin-us`, the
+/// spin-before-park hook of `transport_core::spin`.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let mut b = tokio::runtime::Builder::new_current_thread();
+    b.enable_all();
+    let budget = spin();
+    if !budget.is_zero() {
+        b.on_thread_park(transport_core::spin::park_hook(budget));
+    }
+    b.build()
+}
 
 /// The CPUs this process may run on.
 pub fn allowed_cpus() -> Vec<usize> {
