@@ -240,29 +240,41 @@ fn doctor_reports_and_json_parses() {
     );
 }
 
-#[test]
-fn server_and_client_across_a_socket() {
-    // Two-host mode, on loopback: `bench server` in one process, `bench client` in another.
+/// A loopback address with a port that was free a moment ago.
+fn free_loopback_addr() -> String {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let listen = format!("127.0.0.1:{port}");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_bench"))
-        .args(["server", "--listen", &listen])
+    format!("127.0.0.1:{port}")
+}
+
+/// Starts `bench server ARGS` and waits (at most 4 s) until `up` says it accepts; returns
+/// the child and whether it came up.
+fn start_server(args: &[&str], up: impl Fn() -> bool) -> (std::process::Child, bool) {
+    let server = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .arg("server")
+        .args(args)
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // Wait (bounded) until it accepts.
-    let mut up = false;
     for _ in 0..200 {
-        if std::net::TcpStream::connect(&listen).is_ok() {
-            up = true;
-            break;
+        if up() {
+            return (server, true);
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    (server, false)
+}
+
+#[test]
+fn server_and_client_across_a_socket() {
+    // Two-host mode, on loopback: `bench server` in one process, `bench client` in another.
+    let listen = free_loopback_addr();
+    let (mut server, up) = start_server(&["--listen", &listen], || {
+        std::net::TcpStream::connect(&listen).is_ok()
+    });
     let result = up.then(|| {
         let mut args = vec!["client", listen.as_str(), "--json"];
         args.extend_from_slice(TINY);
@@ -288,26 +300,11 @@ fn server_and_client_across_a_socket() {
 fn client_reaches_the_servers_unix_socket() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("b.sock");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_bench"))
-        .args(["server", "--listen", &listen, "--uds"])
-        .arg(&sock)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut up = false;
-    for _ in 0..200 {
-        if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
-            up = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let listen = free_loopback_addr();
+    let sock_arg = sock.to_str().expect("utf-8 path");
+    let (mut server, up) = start_server(&["--listen", &listen, "--uds", sock_arg], || {
+        std::os::unix::net::UnixStream::connect(&sock).is_ok()
+    });
     let target = format!("unix:{}", sock.display());
     let result = up.then(|| {
         let mut args = vec!["client", target.as_str(), "--json"];

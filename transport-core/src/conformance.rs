@@ -116,6 +116,47 @@ macro_rules! __conformance_cases {
     };
 }
 
+/// Re-executes this test binary as a child that runs only the test `entry`, with `env` set
+/// (the child's server entry), and waits (30 s at most) for the line `ready` + address it
+/// prints. The rest of the child's output is drained so that it never blocks on a full pipe.
+pub(crate) async fn spawn_child_server<A>(
+    entry: &str,
+    env: &str,
+    ready: &str,
+) -> (tokio::process::Child, A)
+where
+    A: std::str::FromStr,
+    A::Err: std::fmt::Debug,
+{
+    use tokio::io::AsyncBufReadExt;
+    let exe = std::env::current_exe().expect("current exe");
+    let mut child = tokio::process::Command::new(exe)
+        .args([entry, "--nocapture", "--test-threads", "1"])
+        .env(env, "1")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the child server");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let addr = loop {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("child started in time")
+            .expect("read child stdout")
+            .expect("the child printed its address (is the macro at the test's root?)");
+        // libtest may print "test name ... " ahead of it on the same line.
+        if let Some(at) = line.find(ready) {
+            break line[at + ready.len()..]
+                .trim()
+                .parse::<A>()
+                .expect("child address");
+        }
+    };
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, addr)
+}
+
 /// Payload of `len` bytes whose content depends on `seed`.
 pub fn pattern(len: usize, seed: u64) -> Bytes {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -781,36 +822,12 @@ pub mod cases {
     /// The server process is killed (SIGKILL) while it streams a large response and while
     /// other calls wait: every pending call fails promptly with a typed connection error.
     pub async fn peer_process_killed_mid_transfer<B: Backend>(b: &B) {
-        use tokio::io::AsyncBufReadExt;
-        let exe = std::env::current_exe().expect("current exe");
-        let mut child = tokio::process::Command::new(exe)
-            .args([
-                "conformance_capabilities",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env(CHILD_ENV, "1")
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn child server");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let addr = loop {
-            let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-                .await
-                .expect("child started in time")
-                .expect("read child stdout")
-                .expect("child printed its address");
-            // libtest may print "test name ... " ahead of it on the same line.
-            if let Some(at) = line.find(CHILD_READY) {
-                break line[at + CHILD_READY.len()..]
-                    .trim()
-                    .parse::<<B::T as Transport>::Addr>()
-                    .expect("child address");
-            }
-        };
+        let (mut child, addr) = spawn_child_server::<<B::T as Transport>::Addr>(
+            "conformance_capabilities",
+            CHILD_ENV,
+            CHILD_READY,
+        )
+        .await;
         let c = client(b, &addr, 128 * MIB).await;
         let mut calls = vec![];
         for _ in 0..3 {

@@ -440,6 +440,15 @@ async fn still_served<S: MessageSender>(c: &RpcClient<S>, what: &str) {
 }
 
 /// Polls `cond` until it holds or `within` passes; whether it held.
+/// Asserts that `budget` is all given back within [`WAIT`]; `when` says after what.
+async fn all_given_back(budget: &MemoryBudget, when: &str) {
+    assert!(
+        eventually(WAIT, || budget.used() == 0).await,
+        "{} bytes still charged {when}",
+        budget.used()
+    );
+}
+
 async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     loop {
@@ -730,11 +739,7 @@ pub mod cases {
                 .expect("all requests written once the handlers finished")
                 .expect("sender");
         }
-        assert!(
-            eventually(WAIT, || budget.used() == 0).await,
-            "{} bytes still charged after every call finished",
-            budget.used()
-        );
+        all_given_back(&budget, "after every call finished").await;
         eprintln!("server budget: at most {limited} of 2 x 5 x 1 MiB ran at once");
     }
 
@@ -844,11 +849,7 @@ pub mod cases {
         still_served(&c, "while 200 peers announce 64 MiB frames").await;
         assert!(budget.used() <= limit, "held {} bytes", budget.used());
         drop(peers);
-        assert!(
-            eventually(WAIT, || budget.used() == 0).await,
-            "{} bytes still charged after the peers left",
-            budget.used()
-        );
+        all_given_back(&budget, "after the peers left").await;
         still_served(&c, "after the peers left").await;
     }
 
@@ -894,11 +895,7 @@ pub mod cases {
             );
             eprintln!("{what}: closed {after:?} after it stalled");
         }
-        assert!(
-            eventually(WAIT, || budget.used() == 0).await,
-            "{} bytes still charged after the stalled frames were closed",
-            budget.used()
-        );
+        all_given_back(&budget, "after the stalled frames were closed").await;
         still_served(&c, "after the stalled frames were closed").await;
     }
 
@@ -911,35 +908,15 @@ pub mod cases {
     /// budget. Fails if a receiver reserves what a peer announces (1000 x 64 MiB of address
     /// space: the child aborts on the first failed allocation).
     pub async fn rlimit_as_child_survives_max_size_announcements<B: StreamBackend>(b: &B) {
-        use tokio::io::AsyncBufReadExt;
         raise_nofile_limit();
-        let exe = std::env::current_exe().expect("current exe");
-        let mut child = tokio::process::Command::new(exe)
-            .args([CHILD_ENTRY, "--nocapture", "--test-threads", "1"])
-            .env(CHILD_ENV, "1")
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn the child server");
+        let (mut child, addr) =
+            crate::conformance::spawn_child_server::<<B::T as Transport>::Addr>(
+                CHILD_ENTRY,
+                CHILD_ENV,
+                CHILD_READY,
+            )
+            .await;
         let pid = child.id().expect("child pid");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let addr = loop {
-            let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-                .await
-                .expect("child started in time")
-                .expect("read child stdout")
-                .expect("the child printed its address (is the macro at the test's root?)");
-            // libtest may print "test name ... " ahead of it on the same line.
-            if let Some(at) = line.find(CHILD_READY) {
-                break line[at + CHILD_READY.len()..]
-                    .trim()
-                    .parse::<<B::T as Transport>::Addr>()
-                    .expect("child address");
-            }
-        };
-        // Keep draining the child's output so that it never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
 
         let mut peers = Vec::with_capacity(CHILD_PEERS);
         for id in 0..CHILD_PEERS as u64 {
@@ -1065,11 +1042,7 @@ pub mod cases {
                 Seen::Nothing => panic!("{what}: the server neither answered nor closed"),
             }
         }
-        assert!(
-            eventually(WAIT, || budget.used() == 0).await,
-            "{} bytes still charged",
-            budget.used()
-        );
+        all_given_back(&budget, "").await;
         let c = good_client(b, &addr, MIB).await;
         still_served(&c, "after malformed frames").await;
     }
