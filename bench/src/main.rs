@@ -73,7 +73,7 @@ use suite::{OsBaseline, Settings};
 use transport_core::{Listener, Transport};
 use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
-use transport_verbs::{VerbsConfig, VerbsTransport};
+use transport_verbs::VerbsTransport;
 
 /// Default TCP port of `bench server`.
 const DEFAULT_PORT: u16 = 5201;
@@ -195,6 +195,11 @@ struct RunArgs {
     /// (`transport_core::spin`; 0: never). Helps when client and server run on different CPUs.
     #[arg(long, default_value_t = 0)]
     spin_us: u64,
+    /// Verbs adaptive polling: poll the completion queue for this many µs after activity
+    /// before sleeping on the completion channel (`VerbsConfig::poll_spin`; default: the
+    /// library's).
+    #[arg(long)]
+    verbs_poll_us: Option<u64>,
     /// Transports to measure (local mode).
     #[arg(long, value_delimiter = ',', value_enum, default_values_t = [TransportName::Uds, TransportName::Tcp, TransportName::Verbs])]
     transports: Vec<TransportName>,
@@ -233,6 +238,9 @@ struct ServerArgs {
     /// (0: never).
     #[arg(long, default_value_t = 0)]
     spin_us: u64,
+    /// Verbs adaptive polling budget in µs (`VerbsConfig::poll_spin`; default: the library's).
+    #[arg(long)]
+    verbs_poll_us: Option<u64>,
     /// Pin the server to this CPU.
     #[arg(long)]
     core: Option<usize>,
@@ -272,6 +280,7 @@ impl RunArgs {
 
     fn settings(&self, client_core: Option<usize>) -> Settings {
         sys::set_spin(self.spin_us);
+        sys::set_verbs_poll(self.verbs_poll_us);
         let sizes = self.sizes.clone().unwrap_or_else(|| {
             if self.full {
                 vec![1024, 4096, 16384, 65536, 262_144, 500_000, 1 << 20]
@@ -456,7 +465,7 @@ where
 
 /// The verbs transport and an address of this machine's RDMA device, or why there is none.
 fn verbs_here() -> Result<(VerbsTransport, SocketAddr), String> {
-    let verbs = VerbsTransport::new(VerbsConfig::default()).map_err(|e| e.to_string())?;
+    let verbs = VerbsTransport::new(sys::verbs_config()).map_err(|e| e.to_string())?;
     let ip = transport_verbs::local_rdma_ip().map_err(|e| e.to_string())?;
     Ok((verbs, SocketAddr::new(ip, 0)))
 }
@@ -617,6 +626,7 @@ fn server(a: &ServerArgs) -> Result<(), String> {
         sys::pin_current_thread(c)?;
     }
     sys::set_spin(a.spin_us);
+    sys::set_verbs_poll(a.verbs_poll_us);
     let rt = sys::runtime().map_err(|e| e.to_string())?;
     rt.block_on(async {
         let mut shutdown = Shutdown::register()?;
@@ -644,7 +654,7 @@ fn server(a: &ServerArgs) -> Result<(), String> {
             None => None,
         };
         let verbs = if a.verbs {
-            let v = VerbsTransport::new(VerbsConfig::default()).map_err(|e| e.to_string())?;
+            let v = VerbsTransport::new(sys::verbs_config()).map_err(|e| e.to_string())?;
             let l = v.listen(&a.listen).await.map_err(|e| {
                 let hint = if a.listen.ip().is_loopback() {
                     " (rdma_cm needs the IP of an RDMA device: pass --listen IP:PORT)"
@@ -764,7 +774,7 @@ fn client(host: &str, transport: Option<RemoteTransport>, args: &RunArgs) -> Res
             path.display().to_string(),
         ),
         Remote::Ip(RemoteTransport::Verbs, addr) => {
-            let v = VerbsTransport::new(VerbsConfig::default()).map_err(|e| e.to_string())?;
+            let v = VerbsTransport::new(sys::verbs_config()).map_err(|e| e.to_string())?;
             (
                 suite::run(&v, addr, remote(), &settings, &progress),
                 addr.to_string(),

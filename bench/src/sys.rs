@@ -9,6 +9,25 @@ use std::time::Duration;
 /// `--spin-us`: how long a runtime thread polls its waiting sockets before parking.
 static SPIN_US: AtomicU64 = AtomicU64::new(0);
 
+/// `VerbsConfig::poll_spin` in µs for every verbs transport the bench makes (u64::MAX: the
+/// library's default).
+static VERBS_POLL_US: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Sets the verbs adaptive-polling budget (`None`: the library's default).
+pub fn set_verbs_poll(us: Option<u64>) {
+    VERBS_POLL_US.store(us.unwrap_or(u64::MAX), Ordering::Relaxed);
+}
+
+/// The verbs settings the bench uses: the defaults, with `--verbs-poll-us` if given.
+pub fn verbs_config() -> transport_verbs::VerbsConfig {
+    let mut c = transport_verbs::VerbsConfig::default();
+    match VERBS_POLL_US.load(Ordering::Relaxed) {
+        u64::MAX => {}
+        us => c.poll_spin = Duration::from_micros(us),
+    }
+    c
+}
+
 /// Sets the spin budget of every runtime [`runtime`] builds from now on.
 pub fn set_spin(us: u64) {
     SPIN_US.store(us, Ordering::Relaxed);

@@ -74,7 +74,8 @@ pub struct Metrics {
     pub bytes_received: Counter,
     /// Payload bytes the transport copied in user space (staging, bounce buffers).
     pub payload_bytes_copied: Counter,
-    /// Read/write system calls made (socket backends).
+    /// System calls made: reads and writes (socket backends); arming the completion channel
+    /// and reading its events (verbs: the cost of sleeping instead of polling).
     pub syscalls: Counter,
     /// Doorbells rung (verbs: post_send / post_recv calls).
     pub doorbells: Counter,

@@ -12,12 +12,12 @@ use sideway::ibverbs::AccessFlags;
 use sideway::rdmacm::communication_manager::{
     ConnectionParameter, EventChannel, EventType, Identifier,
 };
-use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 use transport_core::TransportError;
 
 use crate::config::VerbsConfig;
-use crate::ffi::{Access, ChannelFd, Endpoint, OwnedRegion, CTRL_SLOT};
+use crate::domain::{Domains, Member};
+use crate::ffi::{Access, Endpoint, OwnedRegion, CTRL_SLOT};
 use crate::pool::{Pool, PoolBuf};
 
 /// The verbs resources of one connection.
@@ -26,6 +26,8 @@ pub(crate) struct Resources {
     pub(crate) pool: Pool,
     pub(crate) metrics: Arc<transport_core::Metrics>,
     pub(crate) device: String,
+    /// Counts this connection in its domain; dropped after the endpoint.
+    pub(crate) member: Member,
 }
 
 /// A connection whose queue pair is connected and whose receive buffers are posted: what
@@ -72,30 +74,60 @@ pub(crate) struct CmMsg {
 /// Stored in an identifier's user context: where its events go.
 pub(crate) struct CmSink(pub(crate) mpsc::UnboundedSender<CmMsg>);
 
-/// Makes an event channel and starts its pump. The pump ends once nothing but itself holds the
-/// channel (every identifier created on it is gone).
-pub(crate) fn channel() -> Result<Arc<EventChannel>, TransportError> {
+/// The rdma_cm event channel of a transport (shared by its clones), made on first use. All
+/// identifiers of the transport (listeners, connect requests, connections) live on it, and one
+/// pump thread routes its events.
+#[derive(Default)]
+pub(crate) struct CmChannel(std::sync::Mutex<Option<Arc<EventChannel>>>);
+
+impl CmChannel {
+    /// The channel, made (and its pump started) by the first caller.
+    pub(crate) fn get(&self) -> Result<Arc<EventChannel>, TransportError> {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ch) = &*g {
+            return Ok(ch.clone());
+        }
+        let ch = channel()?;
+        *g = Some(ch.clone());
+        Ok(ch)
+    }
+}
+
+/// How often the pump checks whether anything but itself still holds the channel.
+const PUMP_EXIT_CHECK: Duration = Duration::from_secs(1);
+
+/// Makes an event channel and starts its pump thread. The pump ends once nothing but itself
+/// holds the channel (the transport and every identifier created on it are gone).
+///
+/// A thread, not a task: connections of one transport may live on different runtimes (e.g. a
+/// current-thread runtime per client thread), and the events of all of them must keep flowing
+/// when any one runtime ends. Events are rare (setup, teardown), and the thread sleeps in
+/// poll(2), waking once per `PUMP_EXIT_CHECK` while idle.
+fn channel() -> Result<Arc<EventChannel>, TransportError> {
     let ch = EventChannel::new().map_err(|e| cm_err("rdma_create_event_channel", &"-", e))?;
     ch.set_nonblocking(true)?;
-    let fd = crate::ffi::watch(ChannelFd(ch.clone()))?;
-    tokio::spawn(pump(ch.clone(), fd));
+    let pumped = ch.clone();
+    std::thread::Builder::new()
+        .name("verbs-rdma-cm".into())
+        .spawn(move || pump(pumped))?;
     Ok(ch)
 }
 
-async fn pump(ch: Arc<EventChannel>, fd: AsyncFd<ChannelFd<EventChannel>>) {
+fn pump(ch: Arc<EventChannel>) {
+    use std::os::fd::AsRawFd;
+    let fd = ch.as_raw_fd();
     loop {
-        // Held here and by `fd`: nothing else means every identifier is gone.
-        if Arc::strong_count(&ch) <= 2 {
+        if Arc::strong_count(&ch) <= 1 {
             break;
         }
-        let ready = tokio::time::timeout(Duration::from_millis(250), fd.readable()).await;
-        let mut guard = match ready {
-            Err(_) => continue,
-            Ok(Err(_)) => break,
-            Ok(Ok(g)) => g,
-        };
-        // Clear first, then drain: an event arriving after the drain re-arms the edge.
-        guard.clear_ready();
+        // `fd` stays open while `ch` lives (held here).
+        match crate::ffi::wait_readable(fd, PUMP_EXIT_CHECK) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+        // Drain: the fd is level-triggered, so anything left wakes the next poll.
         loop {
             // sideway's enum conversions can panic on values it does not know.
             let got = catch_unwind(AssertUnwindSafe(|| match ch.get_cm_event() {
@@ -124,8 +156,6 @@ async fn pump(ch: Arc<EventChannel>, fd: AsyncFd<ChannelFd<EventChannel>>) {
             }
         }
     }
-    drop(fd); // deregistered before the channel (and its fd) goes
-    drop(ch);
 }
 
 fn cm_err(
@@ -186,6 +216,7 @@ async fn expect_event(
 fn resources(
     id: &Arc<Identifier>,
     cfg: &VerbsConfig,
+    domains: &Domains,
     addr: &SocketAddr,
 ) -> Result<Resources, TransportError> {
     let ctx = id
@@ -195,9 +226,10 @@ fn resources(
         use sideway::ibverbs::device::DeviceInfo as _;
         ctx.name()
     };
-    let pd = ctx
-        .alloc_pd()
+    let domain = domains
+        .for_context(&ctx, &device, cfg)
         .map_err(|e| cm_err("ibv_alloc_pd", addr, e))?;
+    let pd = domain.pd.clone();
     let comp =
         CompletionChannel::new(&ctx).map_err(|e| cm_err("ibv_create_comp_channel", addr, e))?;
     comp.set_nonblocking(true)?;
@@ -226,13 +258,7 @@ fn resources(
         }
     };
     let metrics = Arc::new(transport_core::Metrics::default());
-    let pool = Pool::new(
-        pd.clone(),
-        device.clone(),
-        metrics.clone(),
-        cfg.pool_keep_bytes,
-        cfg.registration_cache_bytes,
-    );
+    let pool = domain.pool.for_connection(metrics.clone());
     let ctrl =
         OwnedRegion::new(&pd, cfg.send_depth * CTRL_SLOT, Access::SendOnly).map_err(|e| {
             TransportError::from(crate::pool::registration_error(
@@ -252,11 +278,16 @@ fn resources(
         cfg.recv_depth,
         inline as usize,
     );
+    let member = domain.join(
+        cfg.send_depth * CTRL_SLOT,
+        cfg.recv_depth * cfg.recv_buf_size(),
+    );
     Ok(Resources {
         ep,
         pool,
         metrics,
         device,
+        member,
     })
 }
 
@@ -291,10 +322,11 @@ fn to_state(
 
 /// Connects to a listener at `addr`.
 pub(crate) async fn connect(
+    ch: Arc<EventChannel>,
+    domains: Arc<Domains>,
     cfg: Arc<VerbsConfig>,
     addr: SocketAddr,
 ) -> Result<Established, TransportError> {
-    let ch = channel()?;
     let id = ch
         .create_id(sideway::rdmacm::communication_manager::PortSpace::Tcp)
         .map_err(|e| cm_err("rdma_create_id", &addr, e))?;
@@ -323,7 +355,7 @@ pub(crate) async fn connect(
             t + t,
         )
         .await?;
-        let mut r = resources(&id, &cfg, &addr)?;
+        let mut r = resources(&id, &cfg, &domains, &addr)?;
         to_state(&mut r, &id, QueuePairState::Init, &addr)?;
         // Receives are posted before the peer can send anything.
         let mut r = prepost(r, &cfg)?;
@@ -365,12 +397,13 @@ pub(crate) struct Listening {
 /// the background (like a kernel's TCP backlog), each established connection handed to
 /// `on_ready` (which starts it at once, so its handshake does not wait for `accept`).
 pub(crate) fn listen(
+    ch: Arc<EventChannel>,
+    domains: Arc<Domains>,
     addr: SocketAddr,
     cfg: Arc<VerbsConfig>,
     on_ready: impl Fn(Established) + Send + Sync + 'static,
 ) -> Result<Listening, TransportError> {
     let backlog = cfg.backlog;
-    let ch = channel()?;
     let id = ch
         .create_id(sideway::rdmacm::communication_manager::PortSpace::Tcp)
         .map_err(|e| cm_err("rdma_create_id", &addr, e))?;
@@ -409,10 +442,11 @@ pub(crate) fn listen(
         while let Some(m) = rx.recv().await {
             let Some(new_id) = m.new_id else { continue };
             let cfg = cfg.clone();
+            let domains = domains.clone();
             let on_ready = on_ready.clone();
             tokio::spawn(async move {
                 // A request whose setup fails is dropped (rejected); the listener goes on.
-                if let Ok(est) = accept(cfg, new_id, bound).await {
+                if let Ok(est) = accept(cfg, domains, new_id, bound).await {
                     on_ready(est);
                 }
             });
@@ -427,6 +461,7 @@ pub(crate) fn listen(
 /// Completes one incoming connection request.
 pub(crate) async fn accept(
     cfg: Arc<VerbsConfig>,
+    domains: Arc<Domains>,
     id: Arc<Identifier>,
     listen_addr: SocketAddr,
 ) -> Result<Established, TransportError> {
@@ -434,7 +469,7 @@ pub(crate) async fn accept(
     id.setup_context(CmSink(tx));
     let addr = listen_addr;
     let result = async {
-        let mut r = resources(&id, &cfg, &addr)?;
+        let mut r = resources(&id, &cfg, &domains, &addr)?;
         to_state(&mut r, &id, QueuePairState::Init, &addr)?;
         let mut r = prepost(r, &cfg)?;
         to_state(&mut r, &id, QueuePairState::ReadyToReceive, &addr)?;

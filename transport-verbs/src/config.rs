@@ -9,6 +9,9 @@ use crate::engine;
 use crate::error::VerbsError;
 use crate::proto;
 
+/// Default of [`VerbsConfig::poll_spin`] (see the crate docs' measured defaults).
+pub const DEFAULT_POLL_SPIN: Duration = Duration::from_millis(1);
+
 /// Settings of the verbs transport. Both sides may differ: buffer sizes are exchanged.
 #[derive(Debug, Clone)]
 pub struct VerbsConfig {
@@ -53,8 +56,16 @@ pub struct VerbsConfig {
     pub registration_cache_bytes: usize,
     /// Bytes of idle registered buffers the pool keeps for reuse.
     pub pool_keep_bytes: usize,
-    /// Spin on the completion queue instead of sleeping on the completion channel.
+    /// Always spin on the completion queue, never sleep on the completion channel (costs a CPU
+    /// per connection driver even while idle; see `poll_spin` for the adaptive mode).
     pub busy_poll: bool,
+    /// Adaptive polling: after any activity (a completion, a message to send, an rdma_cm event)
+    /// the connection's driver keeps polling the completion queue for this long before it arms
+    /// the completion channel and sleeps. Traffic that keeps coming within the budget never
+    /// pays for a completion event and a wake-up; an idle connection spins for at most this
+    /// long after its last activity, then sleeps. `Duration::ZERO` sleeps at once (pure event
+    /// mode).
+    pub poll_spin: Duration,
     /// Time limit of each connection-setup step.
     pub connect_timeout: Duration,
     /// How long a dropped connection waits, without any completion, for outstanding work (the
@@ -85,6 +96,7 @@ impl Default for VerbsConfig {
             registration_cache_bytes: 256 << 20,
             pool_keep_bytes: 64 << 20,
             busy_poll: false,
+            poll_spin: DEFAULT_POLL_SPIN,
             connect_timeout: Duration::from_secs(5),
             linger: Duration::from_secs(10),
             backlog: 128,

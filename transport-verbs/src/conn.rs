@@ -223,6 +223,8 @@ pub(crate) fn start(
         completions: Vec::new(),
         timer: Box::pin(tokio::time::sleep(std::time::Duration::ZERO)),
         timer_at: None,
+        spin_until: None,
+        member: Some(res.member),
     };
     tokio::spawn(driver.run());
     Ok(VerbsConnection {
@@ -259,6 +261,11 @@ struct Driver {
     /// Sleeps until the engine's next deadline (`timer_at`).
     timer: std::pin::Pin<Box<tokio::time::Sleep>>,
     timer_at: Option<Instant>,
+    /// Adaptive polling: until then the driver polls the CQ instead of sleeping on the
+    /// completion channel (`VerbsConfig::poll_spin` after the last activity).
+    spin_until: Option<Instant>,
+    /// Counts this connection and its memory in its domain until teardown.
+    member: Option<crate::domain::Member>,
 }
 
 enum Wake {
@@ -276,8 +283,10 @@ impl Driver {
     async fn run(mut self) {
         loop {
             if self.failed.is_none() {
-                if let Err(f) = self.progress() {
-                    self.fail(f);
+                match self.progress() {
+                    Ok(0) => {}
+                    Ok(_) => self.active(),
+                    Err(f) => self.fail(f),
                 }
             }
             if self.failed.is_some() || self.peer_disconnected {
@@ -299,8 +308,10 @@ impl Driver {
                     break;
                 }
             }
-            let busy = self.cfg.busy_poll;
+            let busy = self.cfg.busy_poll || self.spinning();
             if !busy {
+                // rxe (and most providers) arm through the kernel: one system call.
+                self.metrics.syscalls.incr();
                 if let Err(e) = self.ep().arm() {
                     let f = device_fail("ibv_req_notify_cq", &self.device, e);
                     self.fail(f);
@@ -340,13 +351,18 @@ impl Driver {
                 _ = self.timer.as_mut(), if deadline.is_some() => Wake::Other,
                 _ = shared.drained.notified(), if watch_app => Wake::Other,
             };
+            if !matches!(wake, Wake::Other) {
+                self.active();
+            }
             match wake {
-                Wake::Cq => {
-                    if let Err(e) = self.ep().take_events() {
+                Wake::Cq => match self.ep().take_events() {
+                    // One read(2) per event plus the one that finds the channel empty.
+                    Ok(n) => self.metrics.syscalls.add(u64::from(n) + 1),
+                    Err(e) => {
                         let f = device_fail("ibv_get_cq_event", &self.device, e);
                         self.fail(f);
                     }
-                }
+                },
                 Wake::Cm(Some(m)) => self.on_cm(m),
                 Wake::Cm(None) => {}
                 Wake::Cmd(Some(c)) => {
@@ -368,6 +384,25 @@ impl Driver {
             }
         }
         self.teardown();
+    }
+
+    /// Something happened: keep polling the CQ for the spin budget before sleeping again.
+    fn active(&mut self) {
+        if !self.cfg.poll_spin.is_zero() {
+            self.spin_until = Some(Instant::now() + self.cfg.poll_spin);
+        }
+    }
+
+    /// Whether the spin budget after the last activity still runs (clears it once spent).
+    fn spinning(&mut self) -> bool {
+        match self.spin_until {
+            Some(t) if Instant::now() < t => true,
+            Some(_) => {
+                self.spin_until = None;
+                false
+            }
+            None => false,
+        }
     }
 
     /// The sending half is gone: a dropped sender closes the sending direction.
@@ -725,6 +760,7 @@ impl Driver {
         let ep = self.ep.take();
         let id = self.id.take();
         let targets = std::mem::take(&mut self.targets);
+        let member = self.member.take();
         let work = move || {
             if let Some(id) = &id {
                 let _ = id.disconnect();
@@ -734,6 +770,7 @@ impl Driver {
             drop(ep);
             drop(targets);
             drop(id);
+            drop(member);
         };
         match tokio::runtime::Handle::try_current() {
             Ok(h) => {

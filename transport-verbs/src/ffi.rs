@@ -476,6 +476,31 @@ impl<T: AsRawFd> AsRawFd for ChannelFd<T> {
     }
 }
 
+/// Waits up to `timeout` for `fd` to become readable (poll(2)): `Ok(false)` on timeout.
+pub(crate) fn wait_readable(
+    fd: std::os::fd::RawFd,
+    timeout: std::time::Duration,
+) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `p` is one valid, writable pollfd for the duration of the call; an invalid fd
+    // is reported in `revents` (POLLNVAL, turned into an error), not undefined behaviour.
+    let rc = unsafe { libc::poll(&mut p, 1, ms) };
+    match rc {
+        0 => Ok(false),
+        n if n > 0 && p.revents & (libc::POLLNVAL | libc::POLLERR) != 0 => Err(io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            "poll(2): the descriptor is invalid or in error",
+        )),
+        n if n > 0 => Ok(true),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
 /// Watches a channel's (non-blocking) fd with tokio.
 pub(crate) fn watch<T: AsRawFd>(
     fd: ChannelFd<T>,

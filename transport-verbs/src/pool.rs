@@ -11,6 +11,7 @@
 //!   holds the `Bytes` (so the memory cannot be freed and reused while its registration lives).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -38,8 +39,9 @@ pub(crate) fn class_of(n: usize) -> usize {
 pub(crate) struct PoolInner {
     pd: Arc<ProtectionDomain>,
     device: String,
-    metrics: Arc<Metrics>,
     keep_bytes: usize,
+    /// Bytes of pool buffers registered right now (in use or idle).
+    registered: AtomicUsize,
     state: Mutex<PoolState>,
     cache: Mutex<RegCache>,
 }
@@ -59,26 +61,26 @@ struct RegCache {
     entries: VecDeque<Arc<UserRegion>>,
 }
 
-/// A pool of registered buffers (one per connection, on the connection's protection domain).
+/// The registered buffers and the registration cache of one device's protection domain,
+/// shared by every connection of a transport on that device (see `domain.rs`).
 #[derive(Clone)]
-pub(crate) struct Pool {
+pub(crate) struct SharedPool {
     inner: Arc<PoolInner>,
 }
 
-impl Pool {
+impl SharedPool {
     pub(crate) fn new(
         pd: Arc<ProtectionDomain>,
         device: String,
-        metrics: Arc<Metrics>,
         keep_bytes: usize,
         cache_bytes: usize,
-    ) -> Pool {
-        Pool {
+    ) -> SharedPool {
+        SharedPool {
             inner: Arc::new(PoolInner {
                 pd,
                 device,
-                metrics,
                 keep_bytes,
+                registered: AtomicUsize::new(0),
                 state: Mutex::new(PoolState::default()),
                 cache: Mutex::new(RegCache {
                     capacity: cache_bytes,
@@ -89,6 +91,29 @@ impl Pool {
         }
     }
 
+    /// One connection's handle on the pool: what it registers is counted in its `metrics`.
+    pub(crate) fn for_connection(&self, metrics: Arc<Metrics>) -> Pool {
+        Pool {
+            inner: self.inner.clone(),
+            metrics,
+        }
+    }
+
+    /// Bytes registered right now: pool buffers (in use or idle) and cached user memory.
+    pub(crate) fn registered_bytes(&self) -> usize {
+        let cached = self.inner.cache.lock().map(|c| c.bytes).unwrap_or(0);
+        self.inner.registered.load(Ordering::Relaxed) + cached
+    }
+}
+
+/// One connection's handle on its device's [`SharedPool`].
+#[derive(Clone)]
+pub(crate) struct Pool {
+    inner: Arc<PoolInner>,
+    metrics: Arc<Metrics>,
+}
+
+impl Pool {
     /// A buffer of exactly `size` bytes for `access`, from the free list or newly registered.
     fn get(&self, size: usize, access: Access) -> Result<PoolBuf, VerbsError> {
         {
@@ -103,7 +128,8 @@ impl Pool {
         }
         let region = OwnedRegion::new(&self.inner.pd, size, access)
             .map_err(|e| registration_error(&self.inner.device, size, e))?;
-        self.inner.metrics.registrations.incr();
+        self.metrics.registrations.incr();
+        self.inner.registered.fetch_add(size, Ordering::Relaxed);
         {
             let mut st = self.inner.state.lock().expect("pool lock");
             st.registry
@@ -168,7 +194,7 @@ impl Pool {
             UserRegion::new(&self.inner.pd, bytes.clone())
                 .map_err(|e| registration_error(&self.inner.device, bytes.len(), e))?,
         );
-        self.inner.metrics.registrations.incr();
+        self.metrics.registrations.incr();
         if reg.len() <= cache.capacity {
             cache.bytes += reg.len();
             cache.entries.push_back(reg.clone());
@@ -286,6 +312,7 @@ impl Drop for PoolBuf {
             st.registry.remove(&region.addr());
             drop(st);
             drop(region); // deregistered, then freed
+            self.pool.registered.fetch_sub(size, Ordering::Relaxed);
         }
     }
 }

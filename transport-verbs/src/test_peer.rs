@@ -159,7 +159,10 @@ impl RawPeer {
     /// Connects to a verbs listener at `addr`, with `cfg`'s queue sizes; nothing is sent.
     pub async fn connect(addr: SocketAddr, cfg: VerbsConfig) -> Result<RawPeer, TransportError> {
         let cfg_arc = Arc::new(cfg.clone());
-        let Established { res, id, .. } = crate::cm::connect(cfg_arc, addr).await?;
+        // Its own event channel (held by its identifier), like a separate process.
+        let ch = crate::cm::CmChannel::default().get()?;
+        let Established { res, id, .. } =
+            crate::cm::connect(ch, Arc::default(), cfg_arc, addr).await?;
         Ok(RawPeer {
             ep: res.ep,
             targets: HashMap::new(),

@@ -546,6 +546,10 @@ const MIN_PASSED: &[(&str, u64)] = &[
     // transport-core's RPC-level hostile-peer cases (reused id, close with parked handlers,
     // per-connection and server request budgets, idle timeout).
     ("test:hostile_rpc-", 5),
+    // transport-verbs' adaptive polling (no channel syscalls within the budget, idle = asleep).
+    ("test:polling-", 2),
+    // transport-verbs' memory per connection (bounded; pool shared by the device's connections).
+    ("test:memory-", 2),
 ];
 
 /// Printed by a verbs test that found no device and did not run (must never happen here).

@@ -1,0 +1,136 @@
+//! Resources that belong to a device, not to a connection (libfabric's domain, UCX's worker):
+//! one protection domain per device per transport, with its registered buffer pool and
+//! registration cache, shared by every connection of the transport (and its clones) on that
+//! device. Memory that was per connection (up to `pool_keep_bytes` of idle buffers and
+//! `registration_cache_bytes` of cached registrations each) is now per device.
+//!
+//! Isolation between the connections of one domain does not rest on the protection domain:
+//! no memory region grants remote access (local access and window binding only), and a
+//! payload is exposed only through a type-2 memory window bound to its own connection's queue
+//! pair and invalidated after its FIN (see the crate docs' security model).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use sideway::ibverbs::device_context::DeviceContext;
+use sideway::ibverbs::protection_domain::ProtectionDomain;
+
+use crate::config::VerbsConfig;
+use crate::pool::SharedPool;
+
+/// One device's shared resources.
+pub(crate) struct Domain {
+    pub(crate) pd: Arc<ProtectionDomain>,
+    pub(crate) pool: SharedPool,
+    /// Bytes registered by connections for themselves (their send slots), right now.
+    own: Arc<AtomicUsize>,
+    /// Bytes of pool buffers posted as receive buffers by connections, right now.
+    posted: Arc<AtomicUsize>,
+    /// Connections on this domain right now.
+    connections: Arc<AtomicUsize>,
+}
+
+impl Domain {
+    /// Counts a connection, `own` bytes it registered for itself and `posted` bytes of pool
+    /// buffers it keeps posted for receiving, until the returned guard drops (with the
+    /// connection's endpoint).
+    pub(crate) fn join(&self, own: usize, posted: usize) -> Member {
+        self.own.fetch_add(own, Ordering::Relaxed);
+        self.posted.fetch_add(posted, Ordering::Relaxed);
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        Member {
+            own_bytes: own,
+            posted_bytes: posted,
+            own: self.own.clone(),
+            posted: self.posted.clone(),
+            connections: self.connections.clone(),
+        }
+    }
+}
+
+/// A connection's membership of its domain (see [`Domain::join`]).
+pub(crate) struct Member {
+    own_bytes: usize,
+    posted_bytes: usize,
+    own: Arc<AtomicUsize>,
+    posted: Arc<AtomicUsize>,
+    connections: Arc<AtomicUsize>,
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.own.fetch_sub(self.own_bytes, Ordering::Relaxed);
+        self.posted.fetch_sub(self.posted_bytes, Ordering::Relaxed);
+        self.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The domains of one transport, by device context.
+#[derive(Default)]
+pub(crate) struct Domains {
+    by_context: Mutex<HashMap<usize, Arc<Domain>>>,
+}
+
+/// What a transport has registered and how many connections it has, across its devices.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryUse {
+    /// Connections open right now.
+    pub connections: usize,
+    /// Bytes registered with the devices right now: the shared pools' buffers (posted
+    /// receive buffers, buffers in use, idle ones kept for reuse), cached user registrations
+    /// and the connections' send slots.
+    pub registered_bytes: usize,
+    /// The part of `registered_bytes` that connections hold for themselves while they live,
+    /// busy or idle: their send slots (`send_depth` × 128 bytes) and their posted receive
+    /// buffers (`recv_depth` × `recv_buf_size()`). Each connection posts its own receive
+    /// buffers (no shared receive queue yet), so this grows with every connection.
+    pub per_connection_bytes: usize,
+}
+
+impl Domains {
+    /// The domain of `ctx`'s device, made on first use (`device` names it in errors).
+    pub(crate) fn for_context(
+        &self,
+        ctx: &Arc<DeviceContext>,
+        device: &str,
+        cfg: &VerbsConfig,
+    ) -> std::io::Result<Arc<Domain>> {
+        // rdma_cm opens each device once per process, and sideway keeps one `DeviceContext`
+        // per opened context: the pointer names the device.
+        let key = Arc::as_ptr(ctx) as usize;
+        let mut map = self.by_context.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(d) = map.get(&key) {
+            return Ok(d.clone());
+        }
+        let pd = ctx.alloc_pd().map_err(std::io::Error::other)?;
+        let pool = SharedPool::new(
+            pd.clone(),
+            device.to_owned(),
+            cfg.pool_keep_bytes,
+            cfg.registration_cache_bytes,
+        );
+        let d = Arc::new(Domain {
+            pd,
+            pool,
+            own: Arc::default(),
+            posted: Arc::default(),
+            connections: Arc::default(),
+        });
+        map.insert(key, d.clone());
+        Ok(d)
+    }
+
+    /// Memory and connections across every domain of the transport.
+    pub(crate) fn memory_use(&self) -> MemoryUse {
+        let map = self.by_context.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = MemoryUse::default();
+        for d in map.values() {
+            let own = d.own.load(Ordering::Relaxed);
+            m.connections += d.connections.load(Ordering::Relaxed);
+            m.per_connection_bytes += own + d.posted.load(Ordering::Relaxed);
+            m.registered_bytes += own + d.pool.registered_bytes();
+        }
+        m
+    }
+}

@@ -1,0 +1,141 @@
+//! Adaptive polling (`VerbsConfig::poll_spin`): replies that come within the spin budget cost
+//! no completion-channel system call, and idle connections do not spin.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use transport_core::{
+    Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport,
+};
+use transport_verbs::{VerbsConfig, VerbsTransport};
+
+const ROUND_TRIPS: u64 = 300;
+
+/// Client-side system calls (completion-channel arms and reads) over `ROUND_TRIPS` 8-byte
+/// ping-pongs on one connection with this spin budget.
+async fn syscalls_per_ping_pong(addr: std::net::SocketAddr, spin: Duration) -> u64 {
+    let verbs = VerbsTransport::new(VerbsConfig {
+        poll_spin: spin,
+        ..VerbsConfig::default()
+    })
+    .expect("transport");
+    let mut listener = verbs.listen(&addr).await.expect("listen");
+    let addr = listener.local_addr().expect("addr");
+    let conn = verbs.connect(&addr).await.expect("connect");
+    let server = listener.accept().await.expect("accept");
+    let metrics = conn.metrics();
+    let (mut tx, mut rx) = conn.split();
+    let (mut stx, mut srx) = server.split();
+    let echo = tokio::spawn(async move {
+        while let Ok(Some(m)) = srx.recv().await {
+            if stx.send(m).await.is_err() {
+                break;
+            }
+        }
+    });
+    let ping = || Message::new(HeaderBytes::from([7u8]), Bytes::from_static(b"8 bytes!"));
+    // The handshake and first exchange are not counted.
+    tx.send(ping()).await.expect("send");
+    rx.recv().await.expect("recv").expect("open");
+    let before = metrics.syscalls.get();
+    for _ in 0..ROUND_TRIPS {
+        tx.send(ping()).await.expect("send");
+        let m = rx.recv().await.expect("recv").expect("open");
+        assert_eq!(&m.payload[..], b"8 bytes!");
+    }
+    let n = metrics.syscalls.get() - before;
+    tx.close().await.expect("close");
+    // The echo task sees the end of the stream and stops.
+    tokio::time::timeout(Duration::from_secs(10), echo)
+        .await
+        .expect("echo task ended")
+        .expect("echo task");
+    drop(rx);
+    n
+}
+
+#[test]
+fn replies_within_the_spin_budget_cost_no_completion_event() {
+    let Some(addr) = common::listen_addr_or_skip("polling") else {
+        return;
+    };
+    common::run(async move {
+        let events = syscalls_per_ping_pong(addr, Duration::ZERO).await;
+        let spinning = syscalls_per_ping_pong(addr, Duration::from_secs(30)).await;
+        eprintln!(
+            "client system calls over {ROUND_TRIPS} round trips: {events} with poll_spin 0 \
+             (events), {spinning} with poll_spin 30 s"
+        );
+        // Without a spin budget every wait for the reply arms the channel and reads an event.
+        assert!(
+            events >= ROUND_TRIPS,
+            "event mode made only {events} system calls in {ROUND_TRIPS} round trips"
+        );
+        // Within the budget the driver never sleeps: no arm, no event read.
+        assert!(
+            spinning <= 4,
+            "{spinning} completion-channel system calls while replies came within the budget"
+        );
+    });
+}
+
+/// CPU time this process has used (user + system).
+fn cpu_time() -> Duration {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `ru` is a valid, writable rusage; getrusage fills it.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
+    assert_eq!(rc, 0, "getrusage");
+    // SAFETY: filled by the successful call above.
+    let ru = unsafe { ru.assume_init() };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+#[test]
+fn idle_connections_stop_spinning_after_the_budget() {
+    let Some(addr) = common::listen_addr_or_skip("polling_idle") else {
+        return;
+    };
+    const CONNS: usize = 20;
+    common::run(async move {
+        let verbs = VerbsTransport::new(VerbsConfig::default()).expect("transport");
+        let mut listener = verbs.listen(&addr).await.expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let mut kept = Vec::new();
+        for _ in 0..CONNS {
+            let conn = verbs.connect(&addr).await.expect("connect");
+            let server = listener.accept().await.expect("accept");
+            let (mut tx, mut rx) = conn.split();
+            let (mut stx, mut srx) = server.split();
+            // One exchange each, so every driver has had activity (and a spin budget).
+            tx.send(Message::new(HeaderBytes::EMPTY, Bytes::from_static(b"x")))
+                .await
+                .expect("send");
+            let m = srx.recv().await.expect("recv").expect("open");
+            stx.send(m).await.expect("reply");
+            rx.recv().await.expect("recv").expect("open");
+            kept.push((tx, rx, stx, srx));
+        }
+        // Every budget (1 ms by default) has run out well before the window starts.
+        tokio::time::sleep(VerbsConfig::default().poll_spin * 50).await;
+        let window = Duration::from_secs(2);
+        let cpu0 = cpu_time();
+        tokio::time::sleep(window).await;
+        let used = cpu_time() - cpu0;
+        let share = used.as_secs_f64() / window.as_secs_f64();
+        eprintln!(
+            "{} idle connections (both ends in this process): CPU {:?} in {window:?} ({:.2}%)",
+            2 * CONNS,
+            used,
+            share * 100.0
+        );
+        assert!(
+            share < 0.02,
+            "idle connections used {:.1}% of a CPU",
+            share * 100.0
+        );
+        drop(kept);
+    });
+}
