@@ -248,8 +248,39 @@ fn sysctls(proc_sys: &Path) -> Vec<Finding> {
     out
 }
 
+/// How the verbs transport waits for completions and what each connection registers, with
+/// the settings the bench uses.
+fn verbs_settings() -> Finding {
+    let c = crate::sys::verbs_config();
+    let polling = if c.busy_poll {
+        "busy polling".to_string()
+    } else if c.poll_spin.is_zero() {
+        "completion events only".to_string()
+    } else {
+        format!(
+            "adaptive polling ({} µs of CQ polling after activity, then completion events)",
+            c.poll_spin.as_micros()
+        )
+    };
+    let per_conn = c.recv_depth * c.recv_buf_size() + c.send_depth * 128;
+    finding(
+        "verbs settings",
+        Level::Info,
+        format!(
+            "{polling}; {:.2} MiB registered per connection ({} receive buffers of {} bytes + {} send slots), pool ({} MiB idle) and registration cache ({} MiB) shared per device",
+            per_conn as f64 / (1 << 20) as f64,
+            c.recv_depth,
+            c.recv_buf_size(),
+            c.send_depth,
+            c.pool_keep_bytes >> 20,
+            c.registration_cache_bytes >> 20
+        ),
+        "",
+    )
+}
+
 fn all_findings(sys: &Path, proc_sys: &Path) -> Vec<Finding> {
-    let mut f = vec![memlock()];
+    let mut f = vec![memlock(), verbs_settings()];
     f.extend(rdma(sys));
     f.extend(ipoib(sys));
     f.extend(sysctls(proc_sys));

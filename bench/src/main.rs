@@ -52,6 +52,7 @@
 //! (mode 0700, under the temporary directory), removed at the end of the run.
 
 mod doctor;
+mod link;
 mod measure;
 mod os;
 mod plot;
@@ -80,10 +81,6 @@ const DEFAULT_PORT: u16 = 5201;
 
 /// Default address of `bench server`: loopback only, since the port is unauthenticated.
 const DEFAULT_LISTEN: &str = "127.0.0.1:5201";
-
-/// Why verbs has no `os` figures.
-const VERBS_NO_OS: &str = "verbs: the link's own figures (perftest-style RDMA WRITE stream and \
-                           busy-polled SEND ping-pong) are not measured by the bench yet";
 
 /// Why `bench client` has no `os` figures.
 const REMOTE_NO_OS: &str = "remote mode: the OS baseline needs a server of its own on the \
@@ -463,6 +460,69 @@ where
         .map_err(|_| "the server thread died".to_string())?
 }
 
+/// Samples a verbs transport's memory use during a run and keeps the sample with the most
+/// connections (both ends are in this process in local mode).
+struct VerbsMemorySampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<transport_verbs::MemoryUse>,
+}
+
+impl VerbsMemorySampler {
+    fn start(verbs: VerbsTransport) -> VerbsMemorySampler {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut peak = verbs.memory_use();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let m = verbs.memory_use();
+                if m.connections > peak.connections
+                    || (m.connections == peak.connections
+                        && m.registered_bytes > peak.registered_bytes)
+                {
+                    peak = m;
+                }
+                std::thread::park_timeout(std::time::Duration::from_millis(50));
+            }
+            peak
+        });
+        VerbsMemorySampler { stop, thread }
+    }
+
+    fn stop(self) -> transport_verbs::MemoryUse {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.thread().unpark();
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// The verbs lines of the report: how completions are waited for, and the memory per
+/// connection at the run's busiest point.
+fn verbs_notes(verbs: &VerbsTransport, peak: transport_verbs::MemoryUse) -> Vec<String> {
+    let c = verbs.config();
+    let polling = if c.busy_poll {
+        "polling: busy (the CQ is always polled; a CPU per connection driver)".to_string()
+    } else if c.poll_spin.is_zero() {
+        "polling: events (every wait arms the completion channel and sleeps)".to_string()
+    } else {
+        format!(
+            "polling: adaptive (CQ polled for {} µs after activity, then completion events; --verbs-poll-us)",
+            c.poll_spin.as_micros()
+        )
+    };
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    let memory = if peak.connections == 0 {
+        "memory: no connection was sampled open".to_string()
+    } else {
+        format!(
+            "memory at {} open connections (both ends): {:.2} MiB registered per connection (send slots + posted receive buffers), {:.1} MiB registered in all (one shared pool per device)",
+            peak.connections,
+            mib(peak.per_connection_bytes / peak.connections),
+            mib(peak.registered_bytes)
+        )
+    };
+    vec![polling, memory]
+}
+
 /// The verbs transport and an address of this machine's RDMA device, or why there is none.
 fn verbs_here() -> Result<(VerbsTransport, SocketAddr), String> {
     let verbs = VerbsTransport::new(sys::verbs_config()).map_err(|e| e.to_string())?;
@@ -511,9 +571,13 @@ fn local(args: &RunArgs) -> Result<(), String> {
             }
             TransportName::Verbs => match verbs_here() {
                 Ok((verbs, addr)) => {
+                    let link = link::Server::start(&verbs, addr, place.server_core)?;
                     let addr = spawn_server(verbs.clone(), addr, place.server_core)?;
-                    let baseline = OsBaseline::Skip(VERBS_NO_OS.into());
-                    transports.push(suite::run(&verbs, &addr, baseline, &settings, &progress)?);
+                    let baseline = OsBaseline::Link(link.target());
+                    let peak = VerbsMemorySampler::start(verbs.clone());
+                    let mut r = suite::run(&verbs, &addr, baseline, &settings, &progress)?;
+                    r.notes = verbs_notes(&verbs, peak.stop());
+                    transports.push(r);
                 }
                 Err(reason) => unavailable.push(Unavailable {
                     transport: "verbs".into(),
@@ -664,9 +728,20 @@ fn server(a: &ServerArgs) -> Result<(), String> {
                 format!("verbs listen on {}: {e}{hint}", a.listen)
             })?;
             eprintln!("bench server: verbs {}", a.listen);
-            Some(l)
+            // The link figures (`os` columns of verbs) one port up.
+            let at = link::link_addr(a.listen);
+            let link = link::Server::start(&v, at, a.core)?;
+            eprintln!(
+                "bench server: verbs link figures (busy-polled, one client at a time) {}",
+                link.target().addr()
+            );
+            Some((l, link))
         } else {
             None
+        };
+        let (verbs, _link) = match verbs {
+            Some((l, link)) => (Some(l), Some(link)),
+            None => (None, None),
         };
         // The listeners live in these futures: the first signal drops them, which closes
         // them and removes the Unix socket file.
@@ -775,8 +850,10 @@ fn client(host: &str, transport: Option<RemoteTransport>, args: &RunArgs) -> Res
         ),
         Remote::Ip(RemoteTransport::Verbs, addr) => {
             let v = VerbsTransport::new(sys::verbs_config()).map_err(|e| e.to_string())?;
+            // `bench server --verbs` serves the link figures one port up.
+            let limit = link::Target::at(&v, link::link_addr(*addr));
             (
-                suite::run(&v, addr, remote(), &settings, &progress),
+                suite::run(&v, addr, OsBaseline::Link(&limit), &settings, &progress),
                 addr.to_string(),
             )
         }

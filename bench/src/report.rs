@@ -217,6 +217,24 @@ pub fn diagnose(t: &TransportReport) -> Option<Diagnosis> {
 pub fn latency_verdict(t: &TransportReport) -> Option<String> {
     let p = &t.ping;
     let os = p.os.as_ref()?;
+    if t.os_baseline.starts_with("link") {
+        let (r, c) = (&p.raw.costs, &p.rpc.costs);
+        return Some(format!(
+            "{} latency: RPC p50 {:.1} µs = {:.2}x the link's busy-polled SEND ping-pong ({:.1} µs), raw {:.2}x; \
+             CPU per round trip {:.1} µs for RPC, {:.1} raw, {:.1} link; system calls and doorbells per round trip {:.1} for RPC, {:.1} raw \
+             (completion-channel arms and reads count: 0 when every reply came within the polling budget).",
+            t.transport,
+            p.rpc.p50_us,
+            p.rpc.p50_us / os.p50_us.max(1e-9),
+            os.p50_us,
+            p.raw.p50_us / os.p50_us.max(1e-9),
+            c.cpu_us_per_call,
+            r.cpu_us_per_call,
+            os.costs.cpu_us_per_call,
+            c.syscalls_per_call,
+            r.syscalls_per_call,
+        ));
+    }
     let (o, r, c) = (&os.costs, &p.raw.costs, &p.rpc.costs);
     let ratio = p.rpc.p50_us / os.p50_us.max(1e-9);
     let cause = if ratio <= 1.1 {
@@ -367,6 +385,11 @@ impl Report {
         for r in self.transports.iter().filter(|r| r.ping.os.is_none()) {
             let _ = writeln!(out, "  {:<9}  os: {}", r.transport, r.os_baseline);
         }
+        for r in &self.transports {
+            for n in &r.notes {
+                let _ = writeln!(out, "  {:<9}  {n}", r.transport);
+            }
+        }
     }
 
     /// The terminal rendering.
@@ -392,10 +415,17 @@ impl Report {
         // The OS columns appear when some transport has its OS baseline (local mode, uds and
         // tcp); a transport without one shows "n/a" there.
         let with_os = self.transports.iter().any(|r| r.ping.os.is_some());
+        let with_link = self
+            .transports
+            .iter()
+            .any(|r| r.ping.os.is_some() && r.os_baseline.starts_with("link"));
         if with_os {
             out.push_str(
                 "Latency: os = 1-byte ping-pong over blocking OS sockets, no runtime (what the machine can do), raw = 1-byte ping-pong on the backend connection, rpc = `void o()` call; os, raw and rpc measured in alternating chunks; µs/rt = mean per chunk\n",
             );
+            if with_link {
+                out.push_str("  for verbs, os = the link: 2-byte SEND ping-pong busy-polled on both sides through this crate's binding (ib_send_lat-style)\n");
+            }
         } else {
             out.push_str(
                 "Latency: raw = 1-byte ping-pong on the backend connection, rpc = `void o()` call; raw and rpc measured in alternating chunks; µs/rt = mean per chunk\n",
@@ -458,6 +488,11 @@ impl Report {
             .any(|r| r.cells.iter().any(|c| c.os.is_some()));
         if with_os {
             out.push_str("os = blocking OS socket stream of writes of the size into a reading sink, one thread, no runtime (beside send and oneway at 1 thread; - where there is none); raw/os, rpc/os = median over the runs of raw / os and rpc / os measured back to back\n");
+            if self.transports.iter().any(|r| {
+                r.os_baseline.starts_with("link") && r.cells.iter().any(|c| c.os.is_some())
+            }) {
+                out.push_str("  for verbs, os = the link: RDMA READs of the size, 32 in flight, through this crate's binding (ib_read_bw-style)\n");
+            }
         }
         let mut header = vec!["transport", "op", "size", "threads"];
         if with_os {
@@ -614,6 +649,7 @@ mod tests {
             } else {
                 "not measured: remote mode".into()
             },
+            notes: Vec::new(),
             ping: PingRow {
                 raw_os_latency_ratio: os.as_ref().map(|_| 1.2),
                 rpc_os_latency_ratio: os.as_ref().map(|_| 1.5),
@@ -630,6 +666,21 @@ mod tests {
     /// The latency line names wake-ups when RPC's round trip has more context switches than
     /// the OS's, system calls when it has more reads and writes, and CPU otherwise; nothing
     /// without an os baseline.
+    #[test]
+    fn verbs_latency_verdict_reads_against_the_link_and_names_channel_syscalls() {
+        let mut t = transport("verbs", true);
+        t.os_baseline = format!("link: {}", crate::link::DESCRIBE);
+        t.ping.rpc.costs.syscalls_per_call = 0.0;
+        t.ping.raw.costs.syscalls_per_call = 4.0;
+        let v = latency_verdict(&t).expect("link measured");
+        assert!(
+            v.starts_with("verbs latency: RPC p50 15.0 µs = 1.50x the link's busy-polled SEND ping-pong (10.0 µs)"),
+            "{v}"
+        );
+        assert!(v.contains("per round trip 0.0 for RPC, 4.0 raw"), "{v}");
+        assert!(!v.contains("the OS"), "{v}");
+    }
+
     #[test]
     fn latency_verdict_names_wake_ups_or_syscalls_against_the_os() {
         let mut t = transport("uds", true);

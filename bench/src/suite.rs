@@ -205,6 +205,9 @@ pub struct TransportReport {
     pub ping: PingRow,
     /// Throughput cells.
     pub cells: Vec<Cell>,
+    /// What else the reader should know about this transport's run (verbs: the polling mode
+    /// and the memory per connection).
+    pub notes: Vec<String>,
 }
 
 fn sum_outcomes(runs: &[Outcome]) -> CostFigures {
@@ -294,8 +297,17 @@ enum Side {
 pub enum OsBaseline<'a> {
     /// Measure against the OS baseline server at this target.
     Measure(&'a os::Target),
+    /// Verbs: measure against the link itself (see [`crate::link`]); shown in the os columns.
+    Link(&'a crate::link::Target),
     /// Not measured, for this reason.
     Skip(String),
+}
+
+/// What the os columns measure against.
+#[derive(Clone, Copy)]
+enum Limit<'a> {
+    Os(&'a os::Target),
+    Link(&'a crate::link::Target),
 }
 
 /// Runs the suite against the bench server at `addr` (and the OS baseline server, if any).
@@ -307,7 +319,8 @@ pub fn run<T: Transport + Clone>(
     progress: &ProgressBar,
 ) -> Result<TransportReport, String> {
     let os_target = match &os_baseline {
-        OsBaseline::Measure(t) => Some(*t),
+        OsBaseline::Measure(t) => Some(Limit::Os(t)),
+        OsBaseline::Link(t) => Some(Limit::Link(t)),
         OsBaseline::Skip(_) => None,
     };
     let name = transport.capabilities().name.to_string();
@@ -322,8 +335,10 @@ pub fn run<T: Transport + Clone>(
     };
     let measure_side = |side: Side, op: Op, size: usize, count: u64, threads: usize| match side {
         Side::Os => match (os_target, op) {
-            (Some(t), Op::Ping) => os::ping(t, count, s.client_core),
-            (Some(t), Op::Send) => os::stream(t, size, count, s.client_core),
+            (Some(Limit::Os(t)), Op::Ping) => os::ping(t, count, s.client_core),
+            (Some(Limit::Os(t)), Op::Send) => os::stream(t, size, count, s.client_core),
+            (Some(Limit::Link(t)), Op::Ping) => crate::link::ping(t, count, s.client_core),
+            (Some(Limit::Link(t)), Op::Send) => crate::link::stream(t, size, count, s.client_core),
             (None, _) => Err("the OS baseline is not measured here".to_string()),
             (Some(_), op) => Err(format!("the OS baseline has no {} test", op.name())),
         },
@@ -452,9 +467,11 @@ pub fn run<T: Transport + Clone>(
         transport: name,
         os_baseline: match os_baseline {
             OsBaseline::Measure(t) => t.describe().to_string(),
+            OsBaseline::Link(_) => format!("link: {}", crate::link::DESCRIBE),
             OsBaseline::Skip(why) => format!("not measured: {why}"),
         },
         ping,
         cells,
+        notes: Vec::new(),
     })
 }

@@ -212,6 +212,7 @@ mod config;
 mod conn;
 mod domain;
 mod engine;
+pub mod link;
 mod pool;
 mod proto;
 

@@ -46,7 +46,7 @@ fn print_help() {
     println!(
         "cargo xtask <command>\n\n\
          commands:\n  \
-         bench [ARGS]   install build dependencies, then `cargo run --release -p bench -- ARGS`\n  \
+         bench [ARGS]   install build dependencies, then `cargo run --release -p bench -- ARGS`; without\n                 an RDMA device, then the verbs rows in the soft-RoCE guest (--no-guest: not)\n  \
          test           install dependencies, then fmt + clippy + workspace tests + verbs suite in the soft-RoCE guest\n  \
          deps           install (as root) or list (otherwise) the system packages the build needs\n  \
          testbed ...    the soft-RoCE QEMU test bed (`cargo xtask testbed help`)"
@@ -92,10 +92,59 @@ fn run_tests(args: &[String]) -> Result<(), String> {
     testbed::run_verbs_suite()
 }
 
-/// The README's main command: the transport comparison.
+/// The README's main command: the transport comparison. On a host without an RDMA device
+/// the verbs rows are measured in the soft-RoCE guest afterwards (`--no-guest` skips that).
 fn run_bench(args: &[String]) -> Result<(), String> {
     deps::ensure_build_deps()?;
+    let no_guest = args.iter().any(|a| a == "--no-guest");
+    let args: Vec<String> = args
+        .iter()
+        .filter(|a| *a != "--no-guest")
+        .cloned()
+        .collect();
     let mut full = vec!["run", "--quiet", "--release", "-p", "bench", "--"];
     full.extend(args.iter().map(String::as_str));
-    util::run("cargo", &full)
+    util::run("cargo", &full)?;
+    // Only local mode (no subcommand, or `local`) compares transports on this machine.
+    let other_mode = args.iter().any(|a| {
+        [
+            "server",
+            "client",
+            "scenario",
+            "doctor",
+            "help",
+            "--help",
+            "-h",
+            "--version",
+            "-V",
+        ]
+        .contains(&a.as_str())
+    });
+    let local = !other_mode;
+    let wants_verbs = match args.iter().position(|a| a == "--transports") {
+        Some(i) => args
+            .get(i + 1)
+            .is_some_and(|t| t.split(',').any(|t| t == "verbs")),
+        None => !args
+            .iter()
+            .any(|a| a.starts_with("--transports=") && !a.contains("verbs")),
+    };
+    if no_guest || !local || !wants_verbs || has_rdma_device() {
+        return Ok(());
+    }
+    eprintln!(
+        "\nxtask: no RDMA device on this host: measuring the verbs rows in the soft-RoCE guest \
+         (QEMU software emulation: compare with perftest's figures of the same boot, not with \
+         the host's rows; --no-guest skips this)"
+    );
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| testbed::repo_root().join("target"));
+    let bench = target.join("release/bench");
+    testbed::bench_in_guest(&bench, &args)
+}
+
+/// Whether this host has an RDMA device (`/sys/class/infiniband` lists one).
+fn has_rdma_device() -> bool {
+    std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
 }

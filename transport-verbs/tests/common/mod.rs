@@ -18,6 +18,7 @@ pub fn listen_addr_or_skip(test: &str) -> Option<SocketAddr> {
 }
 
 /// Runs `f` on a two-worker runtime with a hard time limit.
+#[allow(dead_code)] // not every test binary runs async code
 pub fn run<F: std::future::Future<Output = ()>>(f: F) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

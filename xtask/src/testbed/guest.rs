@@ -233,6 +233,14 @@ impl Running {
     }
 }
 
+/// The guest kernel's command line. `clocksource=tsc tsc=reliable`: under TCG the kernel's
+/// TSC synchronisation check fails and it falls back to the HPET, whose every read is an
+/// emulated device access (no vDSO fast path): `clock_gettime` then costs tens of µs, and
+/// every timer and `Instant::now()` of the code under test with it. QEMU's TCG TSC is the
+/// host's, consistent across vCPUs; a real machine has a TSC clocksource too.
+const TB_KERNEL_ARGS: &str =
+    "console=ttyS0 quiet panic=-1 rdinit=/init clocksource=tsc tsc=reliable";
+
 impl Drop for Running {
     fn drop(&mut self) {
         if self.status.is_none() {
@@ -244,7 +252,7 @@ impl Drop for Running {
 }
 
 fn command(f: &Fetched, initrd: &Path, spec: &GuestSpec) -> Command {
-    let mut append = String::from("console=ttyS0 quiet panic=-1 rdinit=/init");
+    let mut append = String::from(TB_KERNEL_ARGS);
     for (k, v) in &spec.params {
         append.push_str(&format!(" tb.{k}={v}"));
     }

@@ -66,7 +66,7 @@ fn cache_dir() -> PathBuf {
     }
 }
 
-fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest.parent().unwrap_or(manifest).to_path_buf()
 }
@@ -451,6 +451,23 @@ fn build_verbs_tests() -> Result<Vec<(PathBuf, Option<&'static str>)>, String> {
     Ok(exes)
 }
 
+/// Builds the bench binary (debug profile: the smoke run checks that it works, not its speed).
+fn build_bench_debug() -> Result<PathBuf, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "-p", "bench", "--bin", "bench"])
+        .current_dir(repo_root())
+        .status()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !status.success() {
+        return Err(format!("building bench failed ({status})"));
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    Ok(target.join("debug/bench"))
+}
+
 /// The test executables of `cargo test <selection> --no-run`.
 fn build_test_exes(selection: &[&str]) -> Result<Vec<PathBuf>, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -489,6 +506,126 @@ fn build_test_exes(selection: &[&str]) -> Result<Vec<PathBuf>, String> {
     Ok(exes)
 }
 
+/// Options of `bench` the guest run sets itself (value-taking ones drop their value too).
+const GUEST_BENCH_OWN: &[&str] = &["--transports", "--pin", "--plot"];
+/// Flags of `bench` that make no sense in the guest (its output goes to the terminal).
+const GUEST_BENCH_DROP: &[&str] = &["--json"];
+
+/// The arguments for `bench` in the guest: the user's, without the options the guest sets,
+/// plus `--transports verbs --pin none` and sizes and counts that finish in a few minutes
+/// under emulation (unless the user chose them).
+pub fn guest_bench_args(user: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = vec![
+        "--transports".into(),
+        "verbs".into(),
+        "--pin".into(),
+        "none".into(),
+    ];
+    let mut it = user.iter();
+    while let Some(a) = it.next() {
+        let name = a.split('=').next().unwrap_or(a);
+        if GUEST_BENCH_OWN.contains(&name) {
+            if !a.contains('=') {
+                it.next();
+            }
+            continue;
+        }
+        if GUEST_BENCH_DROP.contains(&name) {
+            continue;
+        }
+        out.push(a.clone());
+    }
+    let given = |flag: &str| {
+        user.iter()
+            .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+    };
+    if !given("--sizes") && !given("--full") {
+        out.extend(["--sizes".into(), "64K,1M".into()]);
+    }
+    if !given("--bytes") {
+        out.extend(["--bytes".into(), "20M".into()]);
+    }
+    if !given("--pings") {
+        out.extend(["--pings".into(), "6000".into()]);
+    }
+    if !given("--no-progress") {
+        out.push("--no-progress".into());
+    }
+    out
+}
+
+/// `cargo xtask bench` on a host without RDMA: boots the soft-RoCE guest and runs perftest's
+/// `ib_send_lat` (2 B), `ib_send_bw` (64 KiB) and `ib_write_bw` (64 KiB, 1 MiB), then the
+/// bench's verbs rows (`bench` built for the host, shared read-only), all in one boot.
+/// Figures under emulation mean nothing absolute: compare them with perftest's of the same boot.
+pub fn bench_in_guest(bench: &Path, user_args: &[String]) -> Result<(), String> {
+    let started = Instant::now();
+    let bed = Bed::prepare()?;
+    let share = bed.new_share()?;
+    let guest = bed.stage(&share, bench)?;
+    let mut s = RunScript::default();
+    // perftest: a server in the background, the client against it; only its result rows.
+    let pair = |cmd: &str| {
+        format!(
+            "{cmd} >/dev/null 2>&1 & sleep 1; {cmd} $TB_IP_ADDR | grep -E '^ *#bytes|^ *[0-9]+ +[0-9]+'; wait"
+        )
+    };
+    const DEV: &str = "-d rxe0 -x $TB_GID_INDEX";
+    s.step(
+        "perftest:ib_send_lat-2B",
+        120,
+        &pair(&format!("ib_send_lat {DEV} -s 2 -n 5000")),
+    );
+    s.step(
+        "perftest:ib_send_bw-64K",
+        120,
+        &pair(&format!(
+            "ib_send_bw {DEV} -F -n 2000 -s 65536 --report_gbits"
+        )),
+    );
+    s.step(
+        "perftest:ib_write_bw-64K",
+        120,
+        &pair(&format!(
+            "ib_write_bw {DEV} -F -n 2000 -s 65536 --report_gbits"
+        )),
+    );
+    s.step(
+        "perftest:ib_write_bw-1M",
+        120,
+        &pair(&format!(
+            "ib_write_bw {DEV} -F -n 300 -s 1048576 --report_gbits"
+        )),
+    );
+    // The bench's own link stream reads (see transport_verbs::link): its perftest twin.
+    for (name, size, n) in [("64K", 65536, 2000), ("1M", 1048576, 300)] {
+        s.step(
+            &format!("perftest:ib_read_bw-{name}"),
+            120,
+            &pair(&format!(
+                "ib_read_bw {DEV} -F -n {n} -s {size} --report_gbits"
+            )),
+        );
+    }
+    let args: Vec<String> = guest_bench_args(user_args)
+        .iter()
+        .map(|a| script::sh_quote(a))
+        .collect();
+    const BENCH_SECS: u32 = 1500;
+    s.step(
+        "bench:verbs",
+        BENCH_SECS,
+        &format!("{guest} {}", args.join(" ")),
+    );
+    share.write("run.sh", &s.finish())?;
+    let log = Log::create(&bed.cache.join("logs"), "bench")?;
+    let outcomes = bed.boot(
+        vec![single_guest(&share, 6 * 120 + BENCH_SECS + 30, None)],
+        &log,
+    )?;
+    report(&outcomes, &log, started)
+}
+
 /// Runs the verbs test suite in the guest. Fails (never skips) when the bed cannot run.
 ///
 /// Builds transport-verbs' test binaries (and the `verbs::` variants of transport-stream's,
@@ -521,10 +658,24 @@ pub fn run_verbs_suite() -> Result<(), String> {
         );
         names.push(name);
     }
+    // The bench's verbs rows once, as a smoke (no figure is checked): the step fails unless
+    // the report printed its verbs latency row and the polling line.
+    let bench = build_bench_debug()?;
+    let guest_bench = bed.stage(&share, &bench)?;
+    s.step(
+        "bench:verbs-smoke",
+        TEST_TIMEOUT,
+        &format!(
+            "{guest_bench} --transports verbs --pin none --ops ping,send --sizes 4K --bytes 1M \
+             --pings 200 --repeat 1 --no-progress > /tmp/bench.out 2>&1; rc=$?; \
+             cat /tmp/bench.out; [ $rc = 0 ] && grep -q '^  verbs .*[0-9]' /tmp/bench.out \
+             && grep -q 'verbs *polling: adaptive' /tmp/bench.out"
+        ),
+    );
     share.write("run.sh", &s.finish())?;
     let log = Log::create(&bed.cache.join("logs"), "verbs")?;
     let n = u32::try_from(exes.len()).unwrap_or(u32::MAX);
-    let secs = SMOKE_TIMEOUT * SMOKE_STEPS + TEST_TIMEOUT.saturating_mul(n) + 30;
+    let secs = SMOKE_TIMEOUT * SMOKE_STEPS + TEST_TIMEOUT.saturating_mul(n + 1) + 30;
     let outcomes = bed.boot(vec![single_guest(&share, secs, None)], &log)?;
     report(&outcomes, &log, started)?;
     check_tests_ran(&outcomes[0], &names, &log)
@@ -550,6 +701,8 @@ const MIN_PASSED: &[(&str, u64)] = &[
     ("test:polling-", 2),
     // transport-verbs' memory per connection (bounded; pool shared by the device's connections).
     ("test:memory-", 2),
+    // transport-verbs' link figures (busy-polled SEND ping-pong, RDMA READ stream).
+    ("test:link-", 2),
 ];
 
 /// Printed by a verbs test that found no device and did not run (must never happen here).
@@ -627,4 +780,33 @@ fn check_tests_ran(o: &Outcome, names: &[String], log: &Arc<Log>) -> Result<(), 
     println!("{line}");
     log.line(&line);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::guest_bench_args;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn guest_bench_args_keep_the_users_choices_and_set_the_guests_own() {
+        let a = guest_bench_args(&args(
+            "--transports uds,tcp --ops send --pin=split --plot x.svg --json --sizes 4K --repeat 2",
+        ));
+        assert_eq!(
+            a,
+            args("--transports verbs --pin none --ops send --sizes 4K --repeat 2 --bytes 20M --pings 6000 --no-progress")
+        );
+    }
+
+    #[test]
+    fn guest_bench_args_default_to_a_short_sweep() {
+        assert_eq!(
+            guest_bench_args(&[]),
+            args("--transports verbs --pin none --sizes 64K,1M --bytes 20M --pings 6000 --no-progress")
+        );
+        assert!(!guest_bench_args(&args("--full")).contains(&"--sizes".to_string()));
+    }
 }
