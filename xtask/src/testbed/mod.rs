@@ -574,7 +574,11 @@ pub fn bench_in_guest(bench: &Path, user_args: &[String]) -> Result<(), String> 
     s.step(
         "perftest:ib_send_lat-2B",
         120,
-        &pair(&format!("ib_send_lat {DEV} -s 2 -n 5000")),
+        &format!(
+            "{}; echo '(perftest latency = half a round trip: compare 2 x t_typical with the \
+             round trips of the bench)'",
+            pair(&format!("ib_send_lat {DEV} -s 2 -n 5000"))
+        ),
     );
     s.step(
         "perftest:ib_send_bw-64K",
