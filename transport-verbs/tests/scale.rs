@@ -1,0 +1,115 @@
+//! Many connections in one process: a thousand verbs connections (both ends in this process,
+//! so two thousand queue pairs) on one transport, each making a call, with no error; the
+//! memory each idle connection holds is measured and bounded.
+//!
+//! The connections use small receive rings (4 buffers of 4 KiB + headers, 16 send slots):
+//! with the defaults (64 receive buffers of 64 KiB) each connection posts 4 MiB of its own,
+//! and a thousand pairs would need 8 GiB. Until receive buffers are shared between connections
+//! (a shared receive queue), that is how a server with many mostly idle clients is configured.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use transport_core::{
+    Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport,
+};
+use transport_verbs::{VerbsConfig, VerbsTransport};
+
+const PAIRS: usize = 1000;
+
+/// A little more file descriptors than two thousand endpoints need (one completion channel
+/// each), if the hard limit allows.
+fn raise_fd_limit() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid, writable rlimit.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) }, 0);
+    r.rlim_cur = r.rlim_max.min(65_536);
+    // SAFETY: `r` is a valid rlimit with cur <= max.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) }, 0);
+    r.rlim_cur
+}
+
+fn rss() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<usize>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+#[test]
+fn a_thousand_connections_each_make_a_call_without_error() {
+    let Some(addr) = common::listen_addr_or_skip("scale") else {
+        return;
+    };
+    let fds = raise_fd_limit();
+    assert!(fds >= 4 * PAIRS as u64, "RLIMIT_NOFILE {fds} is too low for this test");
+    common::run(async move {
+        let cfg = VerbsConfig {
+            recv_depth: 4,
+            send_depth: 16,
+            eager_limit: 4096,
+            inline_size: 64,
+            ..VerbsConfig::default()
+        };
+        let per_conn_bound = cfg.send_depth * 128 + cfg.recv_depth * cfg.recv_buf_size();
+        let verbs = VerbsTransport::new(cfg).expect("transport");
+        let mut listener = verbs.listen(&addr).await.expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let (rss0, started) = (rss(), Instant::now());
+        let mut pairs = Vec::with_capacity(PAIRS);
+        for i in 0..PAIRS {
+            let conn = verbs
+                .connect(&addr)
+                .await
+                .unwrap_or_else(|e| panic!("connection {i}: {e}"));
+            let server = listener.accept().await.expect("accept");
+            pairs.push((conn.split(), server.split()));
+        }
+        let setup = started.elapsed();
+        // Every client makes a call: its request, the server's reply.
+        let started = Instant::now();
+        for (i, ((tx, rx), (stx, srx))) in pairs.iter_mut().enumerate() {
+            let body = Bytes::from(format!("call {i}"));
+            tx.send(Message::new(HeaderBytes::from([1u8]), body.clone()))
+                .await
+                .unwrap_or_else(|e| panic!("send {i}: {e}"));
+            let req = srx.recv().await.expect("server recv").expect("open");
+            stx.send(req).await.expect("reply");
+            let reply = rx.recv().await.expect("client recv").expect("open");
+            assert_eq!(reply.payload, body, "connection {i} got another's reply");
+        }
+        let calls = started.elapsed();
+        let m = verbs.memory_use();
+        let resident = rss().saturating_sub(rss0);
+        assert_eq!(m.connections, 2 * PAIRS, "{m:?}");
+        let held = m.per_connection_bytes / m.connections;
+        eprintln!(
+            "{PAIRS} connection pairs set up in {setup:?}, one call each in {calls:?}; per \
+             connection: {held} bytes registered for itself (bound {per_conn_bound}), {} bytes \
+             resident; transport: {} bytes registered in all",
+            resident / m.connections,
+            m.registered_bytes
+        );
+        assert!(held <= per_conn_bound, "{held} > {per_conn_bound}");
+        assert!(
+            held <= 64 << 10,
+            "{held} bytes registered per connection with small rings"
+        );
+        drop(pairs);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while verbs.memory_use().connections > 0 {
+            assert!(Instant::now() < deadline, "{:?}", verbs.memory_use());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}
