@@ -34,8 +34,10 @@
 //! its cell's raw and RPC runs. JSON: `ping.os`, `ping.raw_os_latency_ratio`,
 //! `ping.rpc_os_latency_ratio`, `cells[].os`, `cells[].raw_os_utilization`,
 //! `cells[].rpc_os_utilization` (null where not measured) and `os_baseline` per transport
-//! (what was measured, or why not). `bench client` has no OS baseline (it would need a server
-//! of its own on the remote host), nor has verbs yet (its limit is the link's, perftest-style).
+//! (what was measured, or why not). `bench client` has no OS baseline for uds and tcp (it would
+//! need a server of its own on the remote host). For verbs the os columns hold the link
+//! (module `link`: a busy-polled SEND ping-pong and an RDMA READ stream through
+//! `transport_verbs::link`), locally and against `bench server --verbs` (one port up).
 //!
 //! ## `bench server`
 //!

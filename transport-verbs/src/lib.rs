@@ -84,6 +84,13 @@
 //!   or `receive_backlog_bytes` untaken, credits of re-posted buffers are withheld and no new
 //!   rendezvous READ starts until it reads: the peer waits on credits instead of this side
 //!   queueing without bound.
+//! - **Resources per device.** A [`VerbsTransport`] (and its clones) has one protection
+//!   domain, one registered buffer pool and one registration cache per device (`domain.rs`,
+//!   after libfabric's domain), and one rdma_cm event channel whose events a thread routes to
+//!   the identifiers. What a connection holds for itself is its queue pair, CQ, completion
+//!   channel, send slots (`send_depth` × 128 bytes) and its posted receive buffers
+//!   (`recv_depth` × `recv_buf_size()`: 4 MiB with the defaults); receive buffers are not yet
+//!   shared between connections (no SRQ). [`VerbsTransport::memory_use`] reports it.
 //! - **Completions.** One CQ per connection, armed through a completion channel whose fd sits
 //!   on tokio's `AsyncFd`; every wake drains the CQ completely and posts everything credits
 //!   allow with one doorbell. Sends are signaled selectively: the last of each batch and at
@@ -178,6 +185,10 @@
 //! cargo xtask testbed run --timeout 200 --file target/release/examples/rpc_echo -- \
 //!     "$SB" '/mnt/host/bin/rpc_echo --addr $TB_IP_ADDR --size 65536 --calls 2000 --inflight 16'
 //! ```
+//!
+//! [`link`] measures the link itself through the same binding, perftest-style (a busy-polled
+//! SEND ping-pong and an RDMA READ stream); `bench` reads raw and RPC against it. Note that
+//! perftest's latency tests print half a round trip (`ib_send_lat`'s `t_typical` is RTT / 2).
 //!
 //! For programs such as `bench`: [`VerbsTransport::new`] fails with [`VerbsError::NoDevice`] /
 //! [`VerbsError::RdmaCoreMissing`] (check [`VerbsError::is_no_device`]) where there is no RDMA,
