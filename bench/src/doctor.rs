@@ -252,16 +252,7 @@ fn sysctls(proc_sys: &Path) -> Vec<Finding> {
 /// the settings the bench uses.
 fn verbs_settings() -> Finding {
     let c = crate::sys::verbs_config();
-    let polling = if c.busy_poll {
-        "busy polling".to_string()
-    } else if c.poll_spin.is_zero() {
-        "completion events only".to_string()
-    } else {
-        format!(
-            "adaptive polling ({} µs of CQ polling after activity, then completion events)",
-            c.poll_spin.as_micros()
-        )
-    };
+    let polling = format!("polling: {}", crate::sys::verbs_polling(&c));
     let per_conn = c.recv_depth * c.recv_buf_size() + c.send_depth * 128;
     finding(
         "verbs settings",

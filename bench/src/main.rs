@@ -501,16 +501,7 @@ impl VerbsMemorySampler {
 /// connection at the run's busiest point.
 fn verbs_notes(verbs: &VerbsTransport, peak: transport_verbs::MemoryUse) -> Vec<String> {
     let c = verbs.config();
-    let polling = if c.busy_poll {
-        "polling: busy (the CQ is always polled; a CPU per connection driver)".to_string()
-    } else if c.poll_spin.is_zero() {
-        "polling: events (every wait arms the completion channel and sleeps)".to_string()
-    } else {
-        format!(
-            "polling: adaptive (CQ polled for {} µs after activity, then completion events; --verbs-poll-us)",
-            c.poll_spin.as_micros()
-        )
-    };
+    let polling = format!("polling: {}; --verbs-poll-us", sys::verbs_polling(c));
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     let memory = if peak.connections == 0 {
         "memory: no connection was sampled open".to_string()

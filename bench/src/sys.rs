@@ -28,6 +28,20 @@ pub fn verbs_config() -> transport_verbs::VerbsConfig {
     c
 }
 
+/// How a verbs transport with settings `c` waits for completions, in words.
+pub fn verbs_polling(c: &transport_verbs::VerbsConfig) -> String {
+    if c.busy_poll {
+        "busy (the CQ is always polled; a CPU per connection driver)".to_string()
+    } else if c.poll_spin.is_zero() {
+        "events (every wait arms the completion channel and sleeps)".to_string()
+    } else {
+        format!(
+            "adaptive (CQ polled for {} µs after activity, then completion events)",
+            c.poll_spin.as_micros()
+        )
+    }
+}
+
 /// Sets the spin budget of every runtime [`runtime`] builds from now on.
 pub fn set_spin(us: u64) {
     SPIN_US.store(us, Ordering::Relaxed);

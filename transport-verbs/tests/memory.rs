@@ -6,56 +6,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use transport_core::{
-    Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport,
-};
-use transport_verbs::{VerbsConfig, VerbsReceiver, VerbsSender, VerbsTransport};
+use transport_core::{Listener, MessageSender, Transport};
+use transport_verbs::{VerbsConfig, VerbsTransport};
 
 /// Send slots of one connection (`send_depth` × 128 bytes) plus its posted receive buffers.
 fn per_connection_bound(cfg: &VerbsConfig) -> usize {
     cfg.send_depth * 128 + cfg.recv_depth * cfg.recv_buf_size()
-}
-
-/// Opens a connection pair and makes one exchange on it (so it is fully set up).
-async fn open_pair(
-    verbs: &VerbsTransport,
-    listener: &mut transport_verbs::VerbsListener,
-    addr: std::net::SocketAddr,
-) -> Pair {
-    let conn = verbs.connect(&addr).await.expect("connect");
-    let server = listener.accept().await.expect("accept");
-    let (mut tx, mut rx) = conn.split();
-    let (mut stx, mut srx) = server.split();
-    tx.send(Message::new(HeaderBytes::EMPTY, Bytes::from_static(b"x")))
-        .await
-        .expect("send");
-    let m = srx.recv().await.expect("recv").expect("open");
-    stx.send(m).await.expect("reply");
-    rx.recv().await.expect("recv").expect("open");
-    Pair {
-        client: (tx, rx),
-        _server: (stx, srx),
-    }
-}
-
-/// Both ends of a connection, kept open.
-struct Pair {
-    client: (VerbsSender, VerbsReceiver),
-    _server: (VerbsSender, VerbsReceiver),
-}
-
-/// Resident memory of this process, in bytes (0 if /proc does not say).
-fn rss() -> usize {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<usize>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
 }
 
 #[test]
@@ -71,14 +27,14 @@ fn idle_connections_keep_at_most_their_bound_registered() {
         let addr = listener.local_addr().expect("addr");
         let mut pairs = Vec::new();
         for _ in 0..4 {
-            pairs.push(open_pair(&verbs, &mut listener, addr).await);
+            pairs.push(common::open_pair(&verbs, &mut listener, addr).await);
         }
-        let (m0, rss0) = (verbs.memory_use(), rss());
+        let (m0, rss0) = (verbs.memory_use(), common::rss());
         const MORE: usize = 16;
         for _ in 0..MORE {
-            pairs.push(open_pair(&verbs, &mut listener, addr).await);
+            pairs.push(common::open_pair(&verbs, &mut listener, addr).await);
         }
-        let (m1, rss1) = (verbs.memory_use(), rss());
+        let (m1, rss1) = (verbs.memory_use(), common::rss());
         // Both ends of every pair are connections of this transport.
         assert_eq!(m1.connections, 2 * pairs.len(), "{m1:?}");
         let added = 2 * MORE;
@@ -116,7 +72,7 @@ fn a_new_connection_reuses_the_buffers_a_closed_one_returned() {
         let verbs = VerbsTransport::new(VerbsConfig::default()).expect("transport");
         let mut listener = verbs.listen(&addr).await.expect("listen");
         let addr = listener.local_addr().expect("addr");
-        let p = open_pair(&verbs, &mut listener, addr).await;
+        let p = common::open_pair(&verbs, &mut listener, addr).await;
         let first = p.client.0.metrics().registrations.get();
         drop(p);
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -124,7 +80,7 @@ fn a_new_connection_reuses_the_buffers_a_closed_one_returned() {
             assert!(Instant::now() < deadline, "{:?}", verbs.memory_use());
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let p = open_pair(&verbs, &mut listener, addr).await;
+        let p = common::open_pair(&verbs, &mut listener, addr).await;
         let second = p.client.0.metrics().registrations.get();
         eprintln!("registrations: first connection {first}, next one after it closed {second}");
         // The first registered its send slots and its receive buffers; the next one takes the

@@ -106,18 +106,8 @@ fn idle_connections_stop_spinning_after_the_budget() {
         let addr = listener.local_addr().expect("addr");
         let mut kept = Vec::new();
         for _ in 0..CONNS {
-            let conn = verbs.connect(&addr).await.expect("connect");
-            let server = listener.accept().await.expect("accept");
-            let (mut tx, mut rx) = conn.split();
-            let (mut stx, mut srx) = server.split();
             // One exchange each, so every driver has had activity (and a spin budget).
-            tx.send(Message::new(HeaderBytes::EMPTY, Bytes::from_static(b"x")))
-                .await
-                .expect("send");
-            let m = srx.recv().await.expect("recv").expect("open");
-            stx.send(m).await.expect("reply");
-            rx.recv().await.expect("recv").expect("open");
-            kept.push((tx, rx, stx, srx));
+            kept.push(common::open_pair(&verbs, &mut listener, addr).await);
         }
         // Every budget (1 ms by default) has run out well before the window starts.
         tokio::time::sleep(VerbsConfig::default().poll_spin * 50).await;

@@ -34,25 +34,16 @@ fn raise_fd_limit() -> u64 {
     r.rlim_cur
 }
 
-fn rss() -> usize {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<usize>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
-
 #[test]
 fn a_thousand_connections_each_make_a_call_without_error() {
     let Some(addr) = common::listen_addr_or_skip("scale") else {
         return;
     };
     let fds = raise_fd_limit();
-    assert!(fds >= 4 * PAIRS as u64, "RLIMIT_NOFILE {fds} is too low for this test");
+    assert!(
+        fds >= 4 * PAIRS as u64,
+        "RLIMIT_NOFILE {fds} is too low for this test"
+    );
     common::run(async move {
         let cfg = VerbsConfig {
             recv_depth: 4,
@@ -65,7 +56,7 @@ fn a_thousand_connections_each_make_a_call_without_error() {
         let verbs = VerbsTransport::new(cfg).expect("transport");
         let mut listener = verbs.listen(&addr).await.expect("listen");
         let addr = listener.local_addr().expect("addr");
-        let (rss0, started) = (rss(), Instant::now());
+        let (rss0, started) = (common::rss(), Instant::now());
         let mut pairs = Vec::with_capacity(PAIRS);
         for i in 0..PAIRS {
             let conn = verbs
@@ -90,7 +81,7 @@ fn a_thousand_connections_each_make_a_call_without_error() {
         }
         let calls = started.elapsed();
         let m = verbs.memory_use();
-        let resident = rss().saturating_sub(rss0);
+        let resident = common::rss().saturating_sub(rss0);
         assert_eq!(m.connections, 2 * PAIRS, "{m:?}");
         let held = m.per_connection_bytes / m.connections;
         eprintln!(

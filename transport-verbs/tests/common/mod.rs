@@ -32,3 +32,57 @@ pub fn run<F: std::future::Future<Output = ()>>(f: F) {
     });
     rt.shutdown_timeout(Duration::from_secs(2));
 }
+
+/// Both ends of a verbs connection, kept open.
+#[allow(dead_code)] // not every test binary opens pairs
+pub struct Pair {
+    /// The connecting side's halves.
+    pub client: (transport_verbs::VerbsSender, transport_verbs::VerbsReceiver),
+    /// The accepting side's halves.
+    pub server: (transport_verbs::VerbsSender, transport_verbs::VerbsReceiver),
+}
+
+/// Opens a connection pair and makes one exchange on it (so both drivers are set up and have
+/// had activity).
+#[allow(dead_code)] // not every test binary opens pairs
+pub async fn open_pair(
+    verbs: &transport_verbs::VerbsTransport,
+    listener: &mut transport_verbs::VerbsListener,
+    addr: SocketAddr,
+) -> Pair {
+    use transport_core::Listener as _;
+    use transport_core::{
+        Connection, HeaderBytes, Message, MessageReceiver, MessageSender, Transport,
+    };
+    let conn = verbs.connect(&addr).await.expect("connect");
+    let server = listener.accept().await.expect("accept");
+    let (mut tx, mut rx) = conn.split();
+    let (mut stx, mut srx) = server.split();
+    tx.send(Message::new(
+        HeaderBytes::EMPTY,
+        bytes::Bytes::from_static(b"x"),
+    ))
+    .await
+    .expect("send");
+    let m = srx.recv().await.expect("recv").expect("open");
+    stx.send(m).await.expect("reply");
+    rx.recv().await.expect("recv").expect("open");
+    Pair {
+        client: (tx, rx),
+        server: (stx, srx),
+    }
+}
+
+/// Resident memory of this process, in bytes (0 if /proc does not say).
+#[allow(dead_code)] // not every test binary measures memory
+pub fn rss() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<usize>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
