@@ -205,7 +205,8 @@ struct RunArgs {
     /// Print the report as JSON on stdout instead of tables.
     #[arg(long)]
     json: bool,
-    /// Write an SVG plot of throughput vs message size (raw and RPC per transport) to this file.
+    /// Write an SVG plot to this file: per client thread count, Mbit/s (raw, RPC, os or link)
+    /// and utilization (rpc/raw, raw/os, rpc/os) vs message size.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
     /// No progress bar.

@@ -593,7 +593,7 @@ impl Report {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::measure::{CostFigures, Op};
     use crate::suite::{Figures, Latency, PingRow};
@@ -617,7 +617,8 @@ mod tests {
         }
     }
 
-    fn fig(mbit: f64) -> Figures {
+    /// Throughput figures of `mbit` Mbit/s (min = median = max), no costs.
+    pub(crate) fn fig(mbit: f64) -> Figures {
         Figures {
             mbit_s: flat(mbit),
             calls_s: flat(mbit),
@@ -628,7 +629,7 @@ mod tests {
 
     /// A transport with (or without) OS figures: os 10 µs / 40 000 Mbit/s, raw 12 µs /
     /// 30 000, rpc 15 µs / 20 000; one send and one echo cell.
-    fn transport(name: &str, with_os: bool) -> TransportReport {
+    pub(crate) fn transport(name: &str, with_os: bool) -> TransportReport {
         let os = with_os.then(|| lat(10.0));
         let cell = |op, os: bool| Cell {
             op,
@@ -717,7 +718,8 @@ mod tests {
         assert!(rendered.contains(&format!("  {v}\n")), "{rendered}");
     }
 
-    fn report(transports: Vec<TransportReport>) -> Report {
+    /// A local run of `transports`: one 256 KB size, one thread, send and echo.
+    pub(crate) fn report(transports: Vec<TransportReport>) -> Report {
         let settings = crate::suite::Settings {
             sizes: vec![256 << 10],
             threads: vec![1],

@@ -12,6 +12,7 @@
 //!
 //! Each prints one table per scenario, or JSON with `--json`, and `--plot FILE.svg` draws it.
 
+use crate::plot::{Figure, Line, Marker, Panel, Series, Style, XAxis, YFormat};
 use crate::report::{size_label, Placement, Unavailable};
 use crate::{placement, Pin, TransportName};
 use bench::scenarios::load::{
@@ -22,7 +23,6 @@ use bench::scenarios::typed::{elements_for, Fixed, StringDouble, Structured};
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use plotters::prelude::*;
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -760,104 +760,325 @@ fn table(out: &mut String, head: &[&str], rows: Vec<Vec<String>>) {
     }
 }
 
-/// One SVG: for the client scenarios, calls completed vs clients per transport; for typed,
-/// echo Mbit/s vs encoded size per transport and payload; for structured and orb, calls/s bars
-/// drawn as points per row.
+/// One SVG with a row per scenario run, each with its legend at the right (the layout,
+/// ticks and legend of [`crate::plot`]): typed: echo Mbit/s vs encoded size (log scale),
+/// one colour per transport and one line style per payload kind; clients and slow-clients:
+/// calls completed vs concurrent clients per transport; structured and orb: calls/s bars
+/// per mode or client shape and transport; framework: gRPC and native bars per transport,
+/// 64 B calls/s beside 1 MiB echo MB/s.
 pub fn write_svg(r: &ScenarioReport, path: &Path) -> Result<(), String> {
-    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    let mut push = |name: String, x: f64, y: f64| match series.iter_mut().find(|s| s.0 == name) {
-        Some(s) => s.1.push((x, y)),
-        None => series.push((name, vec![(x, y)])),
+    let names: Vec<&str> = r.scenarios.iter().map(|s| s.label()).collect();
+    let figure = Figure {
+        caption: format!(
+            "bench scenario {}; placement: {}",
+            names.join(", "),
+            r.placement.summary
+        ),
+        rows: r.scenarios.iter().filter_map(|&s| plot_row(r, s)).collect(),
     };
-    let (x_label, y_label, title);
-    let first = r.scenarios.first().copied().ok_or("nothing to plot")?;
-    match first {
-        ScenarioName::Clients | ScenarioName::SlowClients => {
-            for x in r.rows.iter().filter(|x| x.scenario == first.label()) {
-                push(
-                    format!("{} {}", x.transport, first.label()),
-                    x.load.clients as f64,
-                    x.stats.completed as f64,
-                );
-            }
-            (x_label, y_label, title) = ("concurrent clients", "calls completed", "clients");
+    crate::plot::write_figure(&figure, path)
+}
+
+/// The panels of one scenario (none when it has no figures).
+fn plot_row(r: &ScenarioReport, scenario: ScenarioName) -> Option<Vec<Panel>> {
+    // One colour per transport, the same in every row.
+    let mut transports: Vec<&str> = Vec::new();
+    for t in r
+        .rows
+        .iter()
+        .map(|x| x.transport)
+        .chain(r.framework.iter().map(|f| f.transport))
+    {
+        if !transports.contains(&t) {
+            transports.push(t);
         }
-        ScenarioName::Typed => {
-            for x in r
-                .rows
-                .iter()
-                .filter(|x| x.scenario == "typed" && x.mode == Some(Mode::Echo))
-            {
-                push(
-                    format!("{} {}", x.transport, x.what),
-                    x.payload_bytes as f64,
-                    x.stats.mbit_s,
-                );
+    }
+    let color = |t: &str| transports.iter().position(|&x| x == t).unwrap_or(0);
+    let rows: Vec<&Row> = r
+        .rows
+        .iter()
+        .filter(|x| x.scenario == scenario.label())
+        .collect();
+    let panel = |title: String, x: XAxis, x_desc: &str, y_desc: &str, series: Vec<Series>| Panel {
+        title,
+        legend_title: None,
+        x,
+        x_desc: x_desc.into(),
+        y_desc: y_desc.into(),
+        y_format: YFormat::Number,
+        y_max: None,
+        reference: None,
+        weight: 1,
+        series,
+    };
+    // Bars of `value` per category (`category` of a row) and transport.
+    let bars = |category: &dyn Fn(&Row) -> String, value: &dyn Fn(&Row) -> f64| {
+        let mut names: Vec<String> = Vec::new();
+        for x in &rows {
+            let c = category(x);
+            if !names.contains(&c) {
+                names.push(c);
             }
-            (x_label, y_label, title) = ("encoded bytes", "echo Mbit/s", "typed echo");
+        }
+        let series = transports
+            .iter()
+            .filter_map(|&t| {
+                let points: Vec<(f64, f64)> = rows
+                    .iter()
+                    .filter(|x| x.transport == t)
+                    .filter_map(|x| {
+                        let i = names.iter().position(|n| *n == category(x))?;
+                        Some((i as f64, value(x)))
+                    })
+                    .collect();
+                (!points.is_empty()).then(|| Series {
+                    label: t.to_string(),
+                    style: Style::new(color(t), Line::Bars, Marker::Dot),
+                    points,
+                })
+            })
+            .collect::<Vec<_>>();
+        (XAxis::Categories(names), series)
+    };
+    let panels = match scenario {
+        ScenarioName::Typed => {
+            const KINDS: [(Line, Marker); 4] = [
+                (Line::Solid, Marker::Dot),
+                (Line::Dashed, Marker::Ring),
+                (Line::Dotted, Marker::Triangle),
+                (Line::Solid, Marker::Cross),
+            ];
+            let mut kinds: Vec<&str> = Vec::new();
+            let mut series: Vec<Series> = Vec::new();
+            for x in rows.iter().filter(|x| x.mode == Some(Mode::Echo)) {
+                if !kinds.contains(&x.what.as_str()) {
+                    kinds.push(&x.what);
+                }
+                let label = format!("{} {}", x.transport, x.what);
+                let point = (x.payload_bytes as f64, x.stats.mbit_s);
+                match series.iter_mut().find(|s| s.label == label) {
+                    Some(s) => s.points.push(point),
+                    None => {
+                        let k = kinds.iter().position(|&w| w == x.what).unwrap_or(0);
+                        let (line, marker) = KINDS[k % KINDS.len()];
+                        series.push(Series {
+                            label,
+                            style: Style::new(color(x.transport), line, marker),
+                            points: vec![point],
+                        });
+                    }
+                }
+            }
+            for s in &mut series {
+                s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            }
+            vec![panel(
+                "typed: echo Mbit/s of encoded payload, one call at a time".into(),
+                XAxis::Sizes {
+                    measured: Vec::new(),
+                },
+                "encoded bytes per call (K = 1024, M = 1048576)",
+                "Mbit/s",
+                series,
+            )]
+        }
+        ScenarioName::Clients | ScenarioName::SlowClients => {
+            let first = rows.first()?;
+            let series = transports
+                .iter()
+                .map(|&t| Series {
+                    label: format!("{t} {}", scenario.label()),
+                    style: Style::new(color(t), Line::Solid, Marker::Dot),
+                    points: rows
+                        .iter()
+                        .filter(|x| x.transport == t)
+                        .map(|x| (x.load.clients as f64, x.stats.completed as f64))
+                        .collect(),
+                })
+                .filter(|s| !s.points.is_empty())
+                .collect();
+            vec![panel(
+                format!(
+                    "{}: calls completed in {:.1} s ({})",
+                    scenario.label(),
+                    first.load.duration.as_secs_f64(),
+                    first.what
+                ),
+                XAxis::Counts,
+                "concurrent clients (one connection each)",
+                "calls completed",
+                series,
+            )]
+        }
+        ScenarioName::Structured => {
+            let (x, series) = bars(&|x| mode_name(x.mode), &|x| x.stats.calls_per_s);
+            vec![panel(
+                "structured (~2.2 KB request): calls/s, one call at a time".into(),
+                x,
+                "mode",
+                "calls/s",
+                series,
+            )]
+        }
+        ScenarioName::Orb => {
+            let first = rows.first()?;
+            let (x, series) = bars(&|x| x.what.clone(), &|x| x.stats.calls_per_s);
+            vec![panel(
+                format!(
+                    "orb: calls/s per client shape, {} caller threads",
+                    first.load.clients
+                ),
+                x,
+                "client shape",
+                "calls/s",
+                series,
+            )]
         }
         ScenarioName::Framework => {
-            for (i, f) in r.framework.iter().enumerate() {
-                push("gRPC 64 B calls/s".into(), i as f64, f.small_calls_per_s.0);
-                push(
-                    "native 64 B calls/s".into(),
-                    i as f64,
-                    f.small_calls_per_s.1,
-                );
-            }
-            (x_label, y_label, title) = ("transport (in run order)", "calls/s", "framework");
+            let names: Vec<String> = r.framework.iter().map(|f| f.transport.into()).collect();
+            let two = |f: &dyn Fn(&FrameworkRow) -> (f64, f64)| {
+                [("gRPC", 4), ("native", 2)]
+                    .into_iter()
+                    .enumerate()
+                    .map(|(k, (label, c))| Series {
+                        label: label.into(),
+                        style: Style::new(c, Line::Bars, Marker::Dot),
+                        points: r
+                            .framework
+                            .iter()
+                            .enumerate()
+                            .map(|(i, row)| {
+                                let v = f(row);
+                                (i as f64, if k == 0 { v.0 } else { v.1 })
+                            })
+                            .collect(),
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let x = XAxis::Categories(names);
+            vec![
+                panel(
+                    "framework: 64 B unary calls/s".into(),
+                    x.clone(),
+                    "transport",
+                    "calls/s",
+                    two(&|f| f.small_calls_per_s),
+                ),
+                panel(
+                    "framework: 1 MiB unary echo, MB/s".into(),
+                    x,
+                    "transport",
+                    "MB/s",
+                    two(&|f| f.large_mb_per_s),
+                ),
+            ]
         }
-        _ => {
-            for (i, x) in r
-                .rows
-                .iter()
-                .filter(|x| x.scenario == first.label())
-                .enumerate()
-            {
-                push(x.transport.to_string(), i as f64, x.stats.calls_per_s);
-            }
-            (x_label, y_label, title) = ("row", "calls/s", first.label());
+        ScenarioName::All => Vec::new(),
+    };
+    panels
+        .iter()
+        .any(|p| !p.series.is_empty())
+        .then_some(panels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plot::tests::{has_raw_byte_count, labels};
+
+    fn row(scenario: ScenarioName, transport: &'static str, what: &str, x: usize, y: f64) -> Row {
+        let clients = if scenario == ScenarioName::Typed {
+            1
+        } else {
+            x
+        };
+        Row {
+            scenario: scenario.label(),
+            transport,
+            what: what.into(),
+            mode: (scenario == ScenarioName::Typed).then_some(Mode::Echo),
+            payload_bytes: if scenario == ScenarioName::Typed {
+                x
+            } else {
+                0
+            },
+            load: shape(clients, clients, 1, 0.5),
+            stats: Stats {
+                completed: y as u64,
+                seconds: 0.5,
+                calls_per_s: 2.0 * y,
+                mbit_s: y,
+                mean_us: 10.0,
+                p50_us: 9.0,
+                p99_us: 20.0,
+            },
         }
     }
-    let pts: Vec<(f64, f64)> = series.iter().flat_map(|s| s.1.iter().copied()).collect();
-    if pts.is_empty() {
-        return Err("nothing to plot: no rows were measured".into());
+
+    /// Typed echo at encoded sizes that are not powers of two, and the clients scenario: the
+    /// size axis reads 1K .. 512K, the legend names every line.
+    #[test]
+    fn scenario_plot_has_size_ticks_and_a_legend_per_line() {
+        let mut rows = Vec::new();
+        for t in ["uds", "tcp"] {
+            for (what, sizes) in [
+                ("string", [1024, 65441, 499_293]),
+                ("i64+i64+f64", [1029, 74476, 602_916]),
+            ] {
+                for s in sizes {
+                    rows.push(row(ScenarioName::Typed, t, what, s, s as f64 / 100.0));
+                }
+            }
+            for c in [10, 20, 50, 100] {
+                rows.push(row(ScenarioName::Clients, t, "ping", c, 1000.0 * c as f64));
+            }
+        }
+        let report = ScenarioReport {
+            version: "test",
+            scenarios: vec![
+                ScenarioName::Typed,
+                ScenarioName::Clients,
+                ScenarioName::Framework,
+            ],
+            placement: Placement {
+                mode: "local".into(),
+                client_core: Some(0),
+                server_core: Some(0),
+                allowed_cpus: vec![0],
+                summary: "same CPU 0".into(),
+            },
+            rows,
+            framework: vec![FrameworkRow {
+                transport: "uds",
+                small_calls_per_s: (1000.0, 40_000.0),
+                large_mb_per_s: (150.0, 750.0),
+                ratio: (0.025, 0.2),
+            }],
+            unavailable: Vec::new(),
+            wall_seconds: 1.0,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("scenario.svg");
+        write_svg(&report, &path).unwrap();
+        let labels = labels(&std::fs::read_to_string(&path).unwrap());
+        let has = |l: &str| labels.iter().any(|x| x == l);
+        for l in [
+            "uds string",
+            "uds i64+i64+f64",
+            "tcp string",
+            "tcp i64+i64+f64",
+            "uds clients",
+            "tcp clients",
+            "gRPC",
+            "native",
+        ] {
+            assert!(has(l), "no legend {l:?} in {labels:?}");
+        }
+        for tick in ["1K", "64K", "512K", "10", "100"] {
+            assert!(has(tick), "no tick {tick:?} in {labels:?}");
+        }
+        assert!(!has_raw_byte_count(&labels), "{labels:?}");
+        assert!(!labels.iter().any(|l| l.contains("499293")), "{labels:?}");
+        assert!(has("framework: 64 B unary calls/s"), "{labels:?}");
     }
-    let xmax = pts.iter().map(|p| p.0).fold(1.0, f64::max) * 1.05;
-    let ymax = pts.iter().map(|p| p.1).fold(1.0, f64::max) * 1.1;
-    let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
-    let err = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(format!("bench scenario {title}"), ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..xmax, 0f64..ymax)
-        .map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc(x_label)
-        .y_desc(y_label)
-        .draw()
-        .map_err(|e| err(&e))?;
-    for (i, (name, pts)) in series.into_iter().enumerate() {
-        let color = crate::plot::COLORS[i % crate::plot::COLORS.len()];
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(|e| err(&e))?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
-        chart
-            .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))
-            .map_err(|e| err(&e))?;
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))?;
-    Ok(())
 }
