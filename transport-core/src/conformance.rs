@@ -183,6 +183,19 @@ impl Drop for DropFlag {
     }
 }
 
+/// Polls `done` every millisecond until it holds; fails the case, naming `what` it waited for,
+/// if it does not hold within `within`.
+async fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < within,
+            "waited {within:?} for {what}, in vain"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 async fn wait_for(flag: &AtomicBool, within: Duration) -> bool {
     let start = Instant::now();
     while start.elapsed() < within {
@@ -210,6 +223,10 @@ pub mod method {
     pub const SLOW_ECHO: u32 = 6;
     /// Answer with as many bytes as the u64 LE payload says.
     pub const GIVE: u32 = 7;
+    /// Like `GIVE`, but every byte is the same: quick to make even for a very large answer on
+    /// a slow (emulated) machine, where computing `pattern` for 96 MiB in a debug build takes
+    /// longer than a case may wait.
+    pub const GIVE_FILLED: u32 = 8;
 }
 
 /// Shared state of the test service.
@@ -219,6 +236,9 @@ pub struct ServiceState {
     pub count: AtomicU64,
     /// Set when a `HANG` handler is dropped.
     pub cancelled: Arc<AtomicBool>,
+    /// Handlers started (first polled), of any method: a case that acts on a call while its
+    /// handler runs waits for this instead of guessing how long the request takes to arrive.
+    pub started: AtomicU64,
 }
 
 /// The suite's test service.
@@ -230,6 +250,7 @@ pub fn service(state: Arc<ServiceState>) -> impl crate::rpc::Handler {
         }
         let state = state.clone();
         async move {
+            state.started.fetch_add(1, Ordering::SeqCst);
             match req.method {
                 method::ECHO => Ok(req.payload),
                 method::FAIL => Err(Status::new(code::APPLICATION + 1, "it failed, as asked")),
@@ -247,12 +268,15 @@ pub fn service(state: Arc<ServiceState>) -> impl crate::rpc::Handler {
                     tokio::time::sleep(Duration::from_millis(ms)).await;
                     Ok(req.payload)
                 }
-                method::GIVE => {
+                method::GIVE | method::GIVE_FILLED => {
                     let n = req
                         .payload
                         .get(..8)
                         .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
                         .ok_or_else(|| Status::new(code::INVALID_ARGUMENT, "want u64 LE"))?;
+                    if req.method == method::GIVE_FILLED {
+                        return Ok(Bytes::from(vec![0x5a; n as usize]));
+                    }
                     Ok(pattern(n as usize, n))
                 }
                 m => Err(Status::unknown_method(m)),
@@ -666,7 +690,12 @@ pub mod cases {
         let c = client(b, &srv.addr, 4 * MIB).await;
         let c2 = c.clone();
         let task = tokio::spawn(async move { c2.call(method::HANG, Bytes::new()).await });
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Dropped once its handler runs (a call dropped before it reaches the server has no
+        // handler to cancel).
+        wait_until("the HANG handler to start", PROMPT, || {
+            srv.state.started.load(Ordering::SeqCst) >= 1
+        })
+        .await;
         task.abort();
         assert!(task.await.unwrap_err().is_cancelled());
         assert!(
@@ -806,7 +835,11 @@ pub mod cases {
             c2.call(method::SLOW_ECHO, Bytes::from_static(&[250, 1, 2]))
                 .await
         });
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Shut down while the call's handler runs (it holds the call for 250 ms).
+        wait_until("the SLOW_ECHO handler to start", PROMPT, || {
+            srv.state.started.load(Ordering::SeqCst) >= 1
+        })
+        .await;
         let start = Instant::now();
         srv.server.shutdown().await;
         assert!(start.elapsed() < PROMPT);
@@ -820,8 +853,16 @@ pub mod cases {
     }
 
     /// The server process is killed (SIGKILL) while it streams a large response and while
-    /// other calls wait: every pending call fails promptly with a typed connection error.
+    /// other calls wait: every pending call fails promptly with a typed connection error, never
+    /// a hang, a clean end or a short reply. The response cut mid-way fails with
+    /// [`TransportError::Truncated`] (how much of how much arrived), and so does every other
+    /// call pending on the connection. The kill may also land only once the whole response has
+    /// arrived (an RDMA READ of the dying process's memory can finish while its kernel objects
+    /// are torn down): then the response is complete and the other calls fail with a
+    /// connection error that is not `Truncated`, since nothing was cut.
     pub async fn peer_process_killed_mid_transfer<B: Backend>(b: &B) {
+        /// How long the response may take to start arriving (the child makes it first).
+        const START_WITHIN: Duration = Duration::from_secs(60);
         let (mut child, addr) = spawn_child_server::<<B::T as Transport>::Addr>(
             "conformance_capabilities",
             CHILD_ENV,
@@ -842,61 +883,120 @@ pub mod cases {
                 .map(|_| ())
             }));
         }
+        // The large call goes out behind the HANG calls, so the child has read every request
+        // before it blocks writing the response. A process killed with unread bytes in its
+        // socket makes the kernel reset the connection (TCP RST; ECONNRESET on a Unix socket)
+        // instead of ending it after the bytes it sent, and the receiver then gets that I/O
+        // error, not the end of the stream it would report as `Truncated`. (A call's request
+        // is queued, in order, in the poll that counts it in `in_flight`.)
+        wait_until("the HANG requests to be queued", PROMPT, || {
+            c.in_flight() == 3
+        })
+        .await;
         let c2 = c.clone();
         let want = 96 * MIB as u64;
         let give = tokio::spawn(async move {
             c2.call_with(
-                method::GIVE,
+                method::GIVE_FILLED,
                 Bytes::copy_from_slice(&want.to_le_bytes()),
                 CallOptions::deadline(Duration::from_secs(60)),
             )
             .await
             .map(|reply| reply.len() as u64)
         });
-        // Kill once part of the large response has arrived.
+        // Kill once part of the large response has arrived (nothing else is answered: every
+        // byte received belongs to it).
         let start = Instant::now();
-        while c.metrics().snapshot().bytes_received < MIB as u64 && start.elapsed() < PROMPT * 4 {
-            tokio::time::sleep(Duration::from_micros(200)).await;
+        while c.metrics().snapshot().bytes_received < MIB as u64 {
+            if give.is_finished() {
+                panic!("the large call ended before the kill: {:?}", give.await);
+            }
+            if let Some(i) = calls.iter().position(|c| c.is_finished()) {
+                panic!(
+                    "a HANG call ended before the kill: {:?}",
+                    calls.remove(i).await
+                );
+            }
+            assert!(
+                start.elapsed() < START_WITHIN,
+                "the {want}-byte response had not started arriving {START_WITHIN:?} after the \
+                 call ({} bytes received)",
+                c.metrics().snapshot().bytes_received
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let received_at_kill = c.metrics().snapshot().bytes_received;
         child.kill().await.expect("kill child");
-        let killed_at = Instant::now();
-        let mut mid_message = false;
-        let mut check_failure = |e: RpcError| match e {
-            RpcError::DeadlineExceeded(_) => panic!("a call waited for its deadline: hang"),
-            e if e.is_connection_error() => {
-                if let RpcError::ConnectionLost(t) = &e {
-                    mid_message |= matches!(**t, TransportError::Truncated { .. });
-                }
+        let (give, hangs) = tokio::time::timeout(PROMPT, async {
+            let give = give.await.expect("task");
+            let mut hangs = vec![];
+            for call in calls {
+                hangs.push(call.await.expect("task"));
             }
-            other => panic!("expected a connection error, got {other:?}"),
-        };
-        for call in calls {
-            match call.await.expect("task") {
+            (give, hangs)
+        })
+        .await
+        .expect("the pending calls failed promptly after the kill");
+        let hang_errors: Vec<RpcError> = hangs
+            .into_iter()
+            .map(|r| match r {
                 Ok(()) => panic!("a HANG call returned although its handler never answers"),
-                Err(e) => check_failure(e),
+                Err(RpcError::DeadlineExceeded(_)) => panic!("a call waited for its deadline"),
+                Err(e) if e.is_connection_error() => e,
+                Err(other) => panic!("expected a connection error, got {other:?}"),
+            })
+            .collect();
+        /// The connection's cause, if it is a message cut mid-way.
+        fn truncated(e: &RpcError) -> Option<(u64, u64)> {
+            match e {
+                RpcError::ConnectionLost(t) => match **t {
+                    TransportError::Truncated { received, expected } => Some((received, expected)),
+                    _ => None,
+                },
+                _ => None,
             }
         }
-        // The large response may have arrived whole before the kill landed (an RDMA loopback
-        // can READ it all between two looks at the counter): then it must be complete.
-        let whole = match give.await.expect("task") {
+        match give {
+            // The kill landed before the response was whole: its receive failed, saying so.
+            Err(e) => {
+                let Some((received, expected)) = truncated(&e) else {
+                    panic!(
+                        "the response was cut after {received_at_kill} bytes had arrived: \
+                         expected a Truncated connection loss, got {e:?}"
+                    );
+                };
+                assert!(
+                    expected >= want && received < expected,
+                    "Truncated after {received} of {expected} bytes, for a {want}-byte payload"
+                );
+                for h in &hang_errors {
+                    assert_eq!(
+                        truncated(h),
+                        Some((received, expected)),
+                        "a call pending on the connection failed with another cause: {h:?}"
+                    );
+                }
+                eprintln!(
+                    "peer killed after {received_at_kill} bytes of a {want}-byte response: \
+                     Truncated ({received} of {expected} bytes)"
+                );
+            }
+            // The whole response arrived before the kill landed: it must be complete, and the
+            // connection then ended between messages.
             Ok(len) => {
                 assert_eq!(len, want, "a response cut short was delivered");
-                true
+                for h in &hang_errors {
+                    assert!(
+                        truncated(h).is_none(),
+                        "nothing was cut, yet a call failed with {h:?}"
+                    );
+                }
+                eprintln!(
+                    "peer killed after {received_at_kill} bytes; the {want}-byte response was \
+                     complete before the kill landed; the other calls failed with {:?}",
+                    hang_errors.first()
+                );
             }
-            Err(e) => {
-                check_failure(e);
-                false
-            }
-        };
-        assert!(
-            killed_at.elapsed() < PROMPT,
-            "calls failed late: {:?}",
-            killed_at.elapsed()
-        );
-        eprintln!(
-            "peer killed after {received_at_kill} bytes of a {want}-byte response; \
-             failure seen mid-message: {mid_message}; response completed before the kill: {whole}"
-        );
+        }
     }
 }

@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::future::Future;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -35,15 +37,19 @@ fn qp_forced_to_error_fails_pending_calls_with_a_typed_error() {
         let m = srx.recv().await.expect("recv").expect("open");
         assert_eq!(&m.payload[..], b"hi");
 
-        // A receive is pending on the client when its QP breaks.
-        let pending = tokio::spawn(async move { rx.recv().await });
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // A receive is pending on the client when its QP breaks: polled once (nothing was sent
+        // to the client, so it waits), then the QP is broken, then the same receive is awaited.
+        let mut pending = std::pin::pin!(rx.recv());
+        let first = std::future::poll_fn(|cx| Poll::Ready(pending.as_mut().poll(cx))).await;
+        assert!(
+            first.is_pending(),
+            "nothing was sent to the client: {first:?}"
+        );
         let start = Instant::now();
         tx.inject_qp_error().await;
         let r = tokio::time::timeout(Duration::from_secs(5), pending)
             .await
-            .expect("the pending receive failed promptly, no hang")
-            .expect("task");
+            .expect("the pending receive failed promptly, no hang");
         let e = r.expect_err("the pending receive failed");
         match e.backend_error::<VerbsError>() {
             Some(VerbsError::WorkCompletion { status, .. }) => {

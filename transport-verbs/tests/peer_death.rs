@@ -1,6 +1,10 @@
 //! A peer process killed (SIGKILL) during a rendezvous transfer: the receive fails promptly
-//! with a typed error, `Truncated` (how much of how much arrived) when the kill lands while the
-//! payload is being read, never a hang and never a clean end.
+//! with `Truncated` (how much of how much arrived) when the kill lands while the payload is
+//! being read, never a hang and never a clean end. The READs may also finish before the kill
+//! lands (the dying process's memory stays readable until the kernel tears down its queue
+//! pair; on the soft-RoCE test bed this is the usual outcome): then the message is whole and
+//! the next receive fails with the disconnect of a peer that never closed the connection,
+//! `ConnectionReset`. Those two outcomes, exactly, are allowed.
 //!
 //! The peer is this test binary re-executed as a child (`peer_death_child` with
 //! `VERBS_PEER_DEATH_ADDR` set): it connects and sends one 96 MiB message, then waits to be
@@ -46,7 +50,7 @@ fn peer_death_child() {
 }
 
 #[test]
-fn peer_killed_mid_rendezvous_fails_the_receive_with_truncated() {
+fn peer_killed_mid_rendezvous_truncates_the_receive_or_resets_the_next() {
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
@@ -97,7 +101,8 @@ fn peer_killed_mid_rendezvous_fails_the_receive_with_truncated() {
             .expect("the receive failed within 5 s of the kill, no hang")
             .expect("task");
         match r {
-            (Err(TransportError::Truncated { received, expected }), _) => {
+            // The kill landed while the payload was being read.
+            (Err(TransportError::Truncated { received, expected }), None) => {
                 assert_eq!(expected, SIZE as u64);
                 assert!(received < expected, "{received} of {expected}");
                 println!(
@@ -106,25 +111,22 @@ fn peer_killed_mid_rendezvous_fails_the_receive_with_truncated() {
                     killed.elapsed()
                 );
             }
-            (Err(e), _) => {
-                assert!(e.is_fatal(), "{e:?}");
-                println!(
-                    "peer_death: receive failed after {:?}: {e}",
-                    killed.elapsed()
-                );
-            }
-            // On a loopback device the READs may finish before the kill lands: then the message
-            // is whole and the next receive must report the peer's death (it never closed).
-            (Ok(Some(len)), Some(Err(e))) => {
+            // The READs finished before the kill landed: the message is whole, and the next
+            // receive reports the death of a peer that never closed the connection.
+            (Ok(Some(len)), Some(Err(TransportError::Io(e))))
+                if e.kind() == std::io::ErrorKind::ConnectionReset =>
+            {
                 assert_eq!(len, SIZE);
-                assert!(e.is_fatal(), "{e:?}");
                 println!(
                     "peer_death: the {len}-byte message completed before the kill landed; the \
                      next receive failed after {:?}: {e}",
                     killed.elapsed()
                 );
             }
-            other => panic!("expected a typed connection error after the kill, got {other:?}"),
+            other => panic!(
+                "expected Truncated, or the whole message then ConnectionReset, after the kill; \
+                 got {other:?}"
+            ),
         }
     });
 }

@@ -623,9 +623,51 @@ mod tests {
 
     /// Waits until a caller holds the writer (its write waits for the switch).
     async fn write_started(client: &RpcClient<impl MessageSender>) {
-        while client.shared.writer.try_lock().is_ok() {
-            tokio::task::yield_now().await;
-        }
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while client.shared.writer.try_lock().is_ok() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("a caller takes the writer");
+    }
+
+    /// Spawns calls 0..n like [`spawn_calls`], and returns once every one of them has been
+    /// polled once. By then each call either holds a slot or waits for one: a call registers
+    /// (and counts in `in_flight`) and queues its request in the same poll that gives it a
+    /// slot, so with no reply coming (no slot freed), `in_flight` tells how many got one.
+    async fn start_calls<S: MessageSender>(
+        client: &RpcClient<S>,
+        n: u8,
+    ) -> Vec<JoinHandle<Result<Bytes, RpcError>>> {
+        let (polled_tx, mut polled) = tokio::sync::mpsc::unbounded_channel();
+        let calls = (0..n)
+            .map(|i| {
+                let c = client.clone();
+                let polled_tx = polled_tx.clone();
+                tokio::spawn(async move {
+                    let mut call = std::pin::pin!(c.call(1, Bytes::from(vec![i])));
+                    let first =
+                        std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+                    let _ = polled_tx.send(());
+                    match first {
+                        Poll::Ready(r) => r,
+                        Poll::Pending => call.await,
+                    }
+                })
+            })
+            .collect();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            for _ in 0..n {
+                polled
+                    .recv()
+                    .await
+                    .expect("a call task ended before its first poll");
+            }
+        })
+        .await
+        .expect("every call task runs");
+        calls
     }
 
     /// Calls made while a write is under way go out together in the next write, and each
@@ -827,11 +869,22 @@ mod tests {
                 default_deadline: None,
             },
         );
-        let calls = spawn_calls(&client, 10);
-        while server_metrics.snapshot().messages_received < 3 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let calls = start_calls(&client, 10).await;
+        // Every call has been polled and nothing is answered yet (no slot comes free): three
+        // calls took a slot, the seven others wait for one.
+        assert_eq!(client.in_flight(), 3);
+        assert_eq!(client.shared.slots.available_permits(), 0);
+        assert!(calls.iter().all(|c| !c.is_finished()));
+        // The three requests reach the server...
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while server_metrics.snapshot().messages_received < 3 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("the first three requests reach the server");
+        // ...and nothing else can: they are all the client ever queued for writing.
+        assert_eq!(client.shared.outbox().queued, 3);
         assert_eq!(server_metrics.snapshot().messages_received, 3);
         assert_eq!(client.in_flight(), 3);
         open.send(true).expect("handlers wait");
@@ -852,8 +905,11 @@ mod tests {
                 default_deadline: None,
             },
         );
-        let calls = spawn_calls(&client, 3);
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let calls = start_calls(&client, 3).await;
+        // One call holds the only slot, the two others wait for it.
+        assert_eq!(client.in_flight(), 1);
+        assert_eq!(client.shared.slots.available_permits(), 0);
+        assert!(calls.iter().all(|c| !c.is_finished()));
         drop(server_end);
         all_fail_with_connection_errors(calls).await;
     }
