@@ -111,6 +111,7 @@ impl Shared {
 enum Cmd {
     Msg(Message, Option<HeldBytes>),
     Close(oneshot::Sender<()>),
+    #[cfg(feature = "test-hooks")]
     InjectQpError,
 }
 
@@ -429,6 +430,7 @@ impl Driver {
                     self.close_acks.push(ack);
                 }
             }
+            #[cfg(feature = "test-hooks")]
             Cmd::InjectQpError => {
                 // Test hook: the flushed work requests surface as errors, like a real fault.
                 if let Err(e) = self.ep().set_error() {
@@ -804,7 +806,7 @@ impl VerbsSender {
 
     /// Test hook: moves the queue pair to the error state, as a device fault would. Every
     /// pending and later operation fails with a typed error.
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub async fn inject_qp_error(&mut self) {
         let _ = self.tx.send(Cmd::InjectQpError).await;
     }

@@ -248,6 +248,7 @@ pub(crate) fn memlock_limit() -> Option<u64> {
 }
 
 /// Sets the soft `RLIMIT_MEMLOCK` (tests use it to provoke a registration failure).
+#[cfg(feature = "test-hooks")]
 pub fn set_memlock_soft_limit(bytes: Option<u64>) -> io::Result<()> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -267,6 +268,7 @@ pub fn set_memlock_soft_limit(bytes: Option<u64>) -> io::Result<()> {
 
 /// Drops `CAP_IPC_LOCK` from the calling thread's effective and permitted capabilities, so that
 /// `RLIMIT_MEMLOCK` applies even to root (tests use it; threads created afterwards inherit it).
+#[cfg(feature = "test-hooks")]
 pub fn drop_ipc_lock_capability() -> io::Result<()> {
     #[repr(C)]
     struct Header {

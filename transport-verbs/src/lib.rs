@@ -140,7 +140,7 @@
 //!   with a leaked or guessed key.
 //!
 //! The tests in `tests/hostile.rs` (run in the soft-RoCE guest) check each of these with a peer
-//! that speaks the wire format by hand (module `test_peer`, feature `test-peer`).
+//! that speaks the wire format by hand (module `test_peer`, feature `test-hooks`: test hooks are not public API without it).
 //!
 //! Memory windows on soft-RoCE (`rdma_rxe`, Linux 6.1, rdma-core 44), verified by those tests:
 //! type-2 windows are allocated with `ibv_alloc_mw`, bound by an `IBV_WR_BIND_MW` work request
@@ -215,7 +215,7 @@ pub mod conformance;
 pub mod device;
 mod error;
 mod ffi;
-#[cfg(feature = "test-peer")]
+#[cfg(feature = "test-hooks")]
 pub mod test_peer;
 
 mod cm;
@@ -240,7 +240,7 @@ pub use device::{
 };
 pub use domain::MemoryUse;
 pub use error::{ProtocolViolation, VerbsError, WcStatus, WorkRequestKind};
-#[doc(hidden)]
+#[cfg(feature = "test-hooks")]
 pub use ffi::{drop_ipc_lock_capability, set_memlock_soft_limit};
 
 /// The IPv4 address of the first RDMA device that has one (its RoCE v2 IPv4 GID): an address to
