@@ -10,14 +10,14 @@ use futures_util::StreamExt;
 use grpc_demo::{grpc, native, pb};
 use std::error::Error;
 use transport_core::{Listener, Transport};
-use transport_stream::{StreamConfig, StreamListener};
+use transport_stream::{ByteStreamConfig, StreamListener};
 
 type Result<T> = std::result::Result<T, Box<dyn Error + Send + Sync>>;
 
 /// Serves Echo with tonic and natively on `transport`, calls each method once, prints what came back.
 async fn run<T: Transport + Clone>(transport: T, addr: impl Fn() -> T::Addr) -> Result<()> {
     // gRPC: tonic's server on the adapter's listener, tonic's client through the adapter's connector.
-    let listener = StreamListener::bind(&transport, &addr(), StreamConfig::default()).await?;
+    let listener = StreamListener::bind(&transport, &addr(), ByteStreamConfig::default()).await?;
     let grpc_addr = listener.local_addr()?;
     tokio::spawn(grpc::serve(listener, std::future::pending()));
     let mut client = grpc::connect(transport.clone(), grpc_addr.clone()).await?;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use transport_core::rpc::RpcServer;
 use transport_core::{Listener, Transport};
-use transport_stream::{StreamConfig, StreamListener};
+use transport_stream::{ByteStreamConfig, StreamListener};
 
 /// Any error of a comparison run.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -148,7 +148,8 @@ pub async fn measure_grpc<T: Transport>(
     listen_addr: T::Addr,
     cfg: &CompareConfig,
 ) -> Result<Figures, Error> {
-    let listener = StreamListener::bind(&*transport, &listen_addr, StreamConfig::default()).await?;
+    let listener =
+        StreamListener::bind(&*transport, &listen_addr, ByteStreamConfig::default()).await?;
     let addr = listener.local_addr()?;
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(grpc::serve(listener, async {

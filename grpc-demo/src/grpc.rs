@@ -12,7 +12,7 @@ use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
 use transport_core::{Listener, Transport};
 use transport_stream::hyper_support::Connector;
-use transport_stream::{StreamConfig, StreamListener};
+use transport_stream::{ByteStreamConfig, StreamListener};
 
 /// HTTP/2 flow-control windows used on both sides. h2's defaults (64 KiB per stream) cap a
 /// large message at one window per round trip; these let a 1 MiB call go out in one go.
@@ -114,7 +114,11 @@ pub async fn connect_shared<T: Transport>(
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(MAX_FRAME)
-        .connect_with_connector(Connector::shared(transport, addr, StreamConfig::default()))
+        .connect_with_connector(Connector::shared(
+            transport,
+            addr,
+            ByteStreamConfig::default(),
+        ))
         .await?;
     Ok(EchoClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE)

@@ -15,11 +15,11 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use grpc_demo::{grpc, pb};
-//! use transport_stream::{StreamConfig, StreamListener};
+//! use transport_stream::{ByteStreamConfig, StreamListener};
 //! use transport_tcp::TcpTransport;
 //!
 //! let tcp = TcpTransport::default();
-//! let listener = StreamListener::bind(&tcp, &"127.0.0.1:0".parse()?, StreamConfig::default()).await?;
+//! let listener = StreamListener::bind(&tcp, &"127.0.0.1:0".parse()?, ByteStreamConfig::default()).await?;
 //! let addr = listener.local_addr()?;
 //! tokio::spawn(grpc::serve(listener, std::future::pending()));
 //! let mut client = grpc::connect(tcp, addr).await?;

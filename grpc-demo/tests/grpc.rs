@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use transport_core::conformance::{Backend, PROMPT};
 use transport_core::{Listener, Transport};
-use transport_stream::{StreamConfig, StreamListener};
+use transport_stream::{ByteStreamConfig, StreamListener};
 
 const MAX: usize = 64 << 20;
 
@@ -43,7 +43,7 @@ async fn grpc_server<B: Backend>(b: &B) -> DoomedServer<Addr<B>> {
     let t = b.transport(MAX);
     let listen = b.listen_addr();
     rt.spawn(async move {
-        let l = StreamListener::bind(&t, &listen, StreamConfig::default())
+        let l = StreamListener::bind(&t, &listen, ByteStreamConfig::default())
             .await
             .unwrap();
         tx.send(l.local_addr().unwrap()).unwrap();

@@ -7,15 +7,15 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use transport_stream::{hyper_support::Connector, StreamConfig};
+//! use transport_stream::{hyper_support::Connector, ByteStreamConfig};
 //! use transport_uds::UdsTransport;
 //!
-//! let connector = Connector::new(UdsTransport::default(), "/tmp/svc.sock".parse()?, StreamConfig::default());
+//! let connector = Connector::new(UdsTransport::default(), "/tmp/svc.sock".parse()?, ByteStreamConfig::default());
 //! // tonic: Endpoint::from_static("http://transport.invalid").connect_with_connector(connector)
 //! # let _ = connector; Ok(()) }
 //! ```
 
-use crate::{ByteStream, StreamConfig};
+use crate::{ByteStream, ByteStreamConfig};
 use hyper_util::rt::TokioIo;
 use std::future::Future;
 use std::io;
@@ -28,17 +28,17 @@ use transport_core::Transport;
 pub struct Connector<T: Transport> {
     transport: Arc<T>,
     addr: T::Addr,
-    config: StreamConfig,
+    config: ByteStreamConfig,
 }
 
 impl<T: Transport> Connector<T> {
     /// A connector that dials `addr` through `transport`.
-    pub fn new(transport: T, addr: T::Addr, config: StreamConfig) -> Connector<T> {
+    pub fn new(transport: T, addr: T::Addr, config: ByteStreamConfig) -> Connector<T> {
         Connector::shared(Arc::new(transport), addr, config)
     }
 
     /// Like [`Connector::new`], sharing a transport.
-    pub fn shared(transport: Arc<T>, addr: T::Addr, config: StreamConfig) -> Connector<T> {
+    pub fn shared(transport: Arc<T>, addr: T::Addr, config: ByteStreamConfig) -> Connector<T> {
         Connector {
             transport,
             addr,

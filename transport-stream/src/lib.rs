@@ -8,13 +8,13 @@
 //! # async fn demo() -> std::io::Result<()> {
 //! use tokio::io::{AsyncReadExt, AsyncWriteExt};
 //! use transport_core::Transport;
-//! use transport_stream::{ByteStream, StreamConfig, StreamListener};
+//! use transport_stream::{ByteStream, ByteStreamConfig, StreamListener};
 //! use transport_uds::UdsTransport;
 //!
 //! let uds = UdsTransport::default();
 //! let addr = "/tmp/stream-demo.sock".parse().unwrap();
-//! let mut listener = StreamListener::bind(&uds, &addr, StreamConfig::default()).await?;
-//! let mut client = ByteStream::connect(&uds, &addr, StreamConfig::default()).await?;
+//! let mut listener = StreamListener::bind(&uds, &addr, ByteStreamConfig::default()).await?;
+//! let mut client = ByteStream::connect(&uds, &addr, ByteStreamConfig::default()).await?;
 //! let mut server = listener.accept().await?;
 //!
 //! client.write_all(b"hello").await?;
@@ -34,7 +34,7 @@
 //!
 //! - **Writes** are collected in a send buffer taken from the connection's
 //!   [`BufferPool`] (registered memory on verbs) until it holds
-//!   [`StreamConfig::chunk_size`] bytes or the stream is flushed; then the buffer goes out as one
+//!   [`ByteStreamConfig::chunk_size`] bytes or the stream is flushed; then the buffer goes out as one
 //!   message. A write of at least `chunk_size` bytes into an empty buffer becomes one message of
 //!   its own (up to the transport's max message size), so large writes cost one message each,
 //!   not one per chunk. Vectored writes (`poll_write_vectored`, used by hyper/h2) are gathered
@@ -100,17 +100,26 @@ pub const DEFAULT_CHUNK_SIZE: usize = 256 << 10;
 /// Header of the end-of-stream marker message. Data messages have an empty header.
 const EOS_HEADER: [u8; 1] = [0xE0];
 
-/// Settings of a [`ByteStream`].
+/// Settings of a [`ByteStream`]: bytes carried over a message connection. (Not
+/// `transport_core::stream::StreamConfig`, which goes the other way: messages over a byte
+/// stream.)
 #[derive(Debug, Clone)]
-pub struct StreamConfig {
+pub struct ByteStreamConfig {
     /// Bytes collected from small writes before they go out as one message (clamped to the
     /// transport's max message size). Writes at least this large go out as messages of their own.
     pub chunk_size: usize,
 }
 
-impl Default for StreamConfig {
+/// The former name of [`ByteStreamConfig`].
+#[deprecated(
+    note = "renamed ByteStreamConfig: it configures bytes over messages, the opposite of \
+                     transport_core::stream::StreamConfig"
+)]
+pub type StreamConfig = ByteStreamConfig;
+
+impl Default for ByteStreamConfig {
     fn default() -> Self {
-        StreamConfig {
+        ByteStreamConfig {
             chunk_size: DEFAULT_CHUNK_SIZE,
         }
     }
@@ -190,7 +199,7 @@ pub struct StreamWriter<S: MessageSender> {
 
 impl<S: MessageSender> StreamWriter<S> {
     /// A writer over `sender`.
-    pub fn new(sender: S, config: &StreamConfig) -> StreamWriter<S> {
+    pub fn new(sender: S, config: &ByteStreamConfig) -> StreamWriter<S> {
         // The EOS marker carries a 1-byte header; data messages none.
         let max_payload = sender
             .max_message_size()
@@ -577,7 +586,7 @@ pub struct ByteStream<C: Connection> {
 
 impl<C: Connection> ByteStream<C> {
     /// A stream over an established connection (both ends must use `ByteStream`).
-    pub fn new(conn: C, config: &StreamConfig) -> ByteStream<C> {
+    pub fn new(conn: C, config: &ByteStreamConfig) -> ByteStream<C> {
         let peer = conn.peer();
         let (s, r) = conn.split();
         ByteStream {
@@ -591,7 +600,7 @@ impl<C: Connection> ByteStream<C> {
     pub async fn connect<T>(
         transport: &T,
         addr: &T::Addr,
-        config: StreamConfig,
+        config: ByteStreamConfig,
     ) -> io::Result<ByteStream<C>>
     where
         T: Transport<Connection = C>,
@@ -695,12 +704,12 @@ pub const ACCEPT_ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_
 /// A listener that yields [`ByteStream`]s.
 pub struct StreamListener<L: Listener> {
     inner: L,
-    config: StreamConfig,
+    config: ByteStreamConfig,
 }
 
 impl<L: Listener> StreamListener<L> {
     /// Wraps a transport listener.
-    pub fn new(inner: L, config: StreamConfig) -> StreamListener<L> {
+    pub fn new(inner: L, config: ByteStreamConfig) -> StreamListener<L> {
         StreamListener { inner, config }
     }
 
@@ -708,7 +717,7 @@ impl<L: Listener> StreamListener<L> {
     pub async fn bind<T>(
         transport: &T,
         addr: &T::Addr,
-        config: StreamConfig,
+        config: ByteStreamConfig,
     ) -> io::Result<StreamListener<L>>
     where
         T: Transport<Listener = L>,
@@ -774,9 +783,11 @@ mod tests {
     /// A lasting accept error is yielded at most once per backoff, not in a tight loop.
     #[tokio::test(start_paused = true)]
     async fn incoming_backs_off_after_accept_errors() {
-        let incoming =
-            StreamListener::new(Failing(io::ErrorKind::OutOfMemory), StreamConfig::default())
-                .incoming();
+        let incoming = StreamListener::new(
+            Failing(io::ErrorKind::OutOfMemory),
+            ByteStreamConfig::default(),
+        )
+        .incoming();
         let mut incoming = std::pin::pin!(incoming);
         let start = tokio::time::Instant::now();
         for _ in 0..5 {

@@ -3,15 +3,15 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use tonic::transport::{Endpoint, Server};
-//! use transport_stream::{hyper_support::Connector, StreamConfig, StreamListener};
+//! use transport_stream::{hyper_support::Connector, ByteStreamConfig, StreamListener};
 //! use transport_tcp::TcpTransport;
 //!
 //! let tcp = TcpTransport::default();
-//! let listener = StreamListener::bind(&tcp, &"127.0.0.1:0".parse()?, StreamConfig::default()).await?;
+//! let listener = StreamListener::bind(&tcp, &"127.0.0.1:0".parse()?, ByteStreamConfig::default()).await?;
 //! let addr = listener.local_addr()?;
 //! // Server::builder().add_service(MyServer::new(svc)).serve_with_incoming(listener.incoming()).await?;
 //! let channel = Endpoint::from_static("http://transport.invalid")
-//!     .connect_with_connector(Connector::new(tcp, addr, StreamConfig::default()))
+//!     .connect_with_connector(Connector::new(tcp, addr, ByteStreamConfig::default()))
 //!     .await?;
 //! // MyClient::new(channel).my_method(..).await?;
 //! # Ok(()) }

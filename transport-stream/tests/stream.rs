@@ -8,7 +8,7 @@ use std::io;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use transport_core::conformance::{pattern, Backend, PROMPT};
 use transport_core::{Connection, HeaderBytes, Message, MessageSender, Transport};
-use transport_stream::{ByteStream, StreamConfig, StreamListener};
+use transport_stream::{ByteStream, ByteStreamConfig, StreamListener};
 
 const MIB: usize = 1 << 20;
 const MAX_MESSAGE: usize = 64 * MIB;
@@ -20,7 +20,7 @@ use transport_verbs::conformance::VerbsBackend;
 type Stream<B> = ByteStream<<<B as Backend>::T as Transport>::Connection>;
 
 /// A connected (client, server) pair of streams.
-async fn pair<B: Backend>(b: &B, config: StreamConfig) -> (Stream<B>, Stream<B>) {
+async fn pair<B: Backend>(b: &B, config: ByteStreamConfig) -> (Stream<B>, Stream<B>) {
     let t = b.transport(MAX_MESSAGE);
     let mut listener = StreamListener::bind(&t, &b.listen_addr(), config.clone())
         .await
@@ -33,7 +33,7 @@ async fn pair<B: Backend>(b: &B, config: StreamConfig) -> (Stream<B>, Stream<B>)
 /// 16 MiB written in one call, echoed back by the server through `tokio::io::copy`, read back
 /// and compared; large writes become few messages.
 async fn round_trip_16mb<B: Backend>(b: &B) {
-    let (client, server) = pair(b, StreamConfig::default()).await;
+    let (client, server) = pair(b, ByteStreamConfig::default()).await;
     let echo = tokio::spawn(async move {
         let (mut r, mut w) = server.into_split();
         let n = tokio::io::copy_buf(&mut r, &mut w).await?;
@@ -61,7 +61,7 @@ async fn round_trip_16mb<B: Backend>(b: &B) {
 
 /// 100 000 writes of 7 bytes arrive intact, coalesced into chunk-sized messages.
 async fn many_small_writes<B: Backend>(b: &B) {
-    let config = StreamConfig {
+    let config = ByteStreamConfig {
         chunk_size: 64 << 10,
     };
     let (mut client, mut server) = pair(b, config).await;
@@ -85,7 +85,7 @@ async fn many_small_writes<B: Backend>(b: &B) {
 
 /// Vectored writes (what hyper/h2 use) gather into one message.
 async fn vectored_write_is_one_message<B: Backend>(b: &B) {
-    let (mut client, mut server) = pair(b, StreamConfig::default()).await;
+    let (mut client, mut server) = pair(b, ByteStreamConfig::default()).await;
     let parts = [
         io::IoSlice::new(b"head"),
         io::IoSlice::new(b"-"),
@@ -101,7 +101,7 @@ async fn vectored_write_is_one_message<B: Backend>(b: &B) {
 
 /// One side shuts down its writing direction; the other reads EOF and can still answer.
 async fn half_close<B: Backend>(b: &B) {
-    let (mut client, mut server) = pair(b, StreamConfig::default()).await;
+    let (mut client, mut server) = pair(b, ByteStreamConfig::default()).await;
     client.write_all(b"question").await.unwrap();
     client.shutdown().await.unwrap();
     let err = client.write_all(b"more").await.unwrap_err();
@@ -125,7 +125,7 @@ async fn half_close<B: Backend>(b: &B) {
 
 /// A peer that drops its stream mid-stream (no shutdown) is an error for the reader, promptly.
 async fn peer_death_fails_reader<B: Backend>(b: &B) {
-    let (mut client, mut server) = pair(b, StreamConfig::default()).await;
+    let (mut client, mut server) = pair(b, ByteStreamConfig::default()).await;
     client.write_all(&pattern(100_000, 2)).await.unwrap();
     client.flush().await.unwrap();
     let mut first = vec![0u8; 1000];
@@ -156,7 +156,7 @@ async fn peer_death_fails_reader<B: Backend>(b: &B) {
 /// what still arrives, so only a peer that really dies is detected; see
 /// `peer_process_killed`.)
 async fn dropped_peer_fails_writer<B: Backend>(b: &B) {
-    let (mut client, server) = pair(b, StreamConfig::default()).await;
+    let (mut client, server) = pair(b, ByteStreamConfig::default()).await;
     drop(server);
     let chunk = vec![7u8; MIB];
     let r = tokio::time::timeout(PROMPT * 6, async {
@@ -184,7 +184,7 @@ const CHILD_READY: &str = "STREAM_CHILD_LISTENING ";
 async fn stream_child<B: Backend>(b: &B) {
     use std::io::Write;
     let t = b.transport(MAX_MESSAGE);
-    let mut l = StreamListener::bind(&t, &b.listen_addr(), StreamConfig::default())
+    let mut l = StreamListener::bind(&t, &b.listen_addr(), ByteStreamConfig::default())
         .await
         .unwrap();
     println!("\n{CHILD_READY}{}", l.local_addr().unwrap());
@@ -234,7 +234,7 @@ async fn peer_process_killed<B: Backend>(b: &B, test_name: &str) {
         }
     };
     let t = b.transport(MAX_MESSAGE);
-    let stream = ByteStream::connect(&t, &addr, StreamConfig::default())
+    let stream = ByteStream::connect(&t, &addr, ByteStreamConfig::default())
         .await
         .unwrap();
     let (mut r, mut w) = stream.into_split();
@@ -280,7 +280,7 @@ async fn peer_process_killed<B: Backend>(b: &B, test_name: &str) {
 
 /// `write_chunk` / `read_chunk` move payloads without copies through the adapter.
 async fn zero_copy_chunks<B: Backend>(b: &B) {
-    let (mut client, mut server) = pair(b, StreamConfig::default()).await;
+    let (mut client, mut server) = pair(b, ByteStreamConfig::default()).await;
     let reader = tokio::spawn(async move {
         let mut got = Vec::new();
         while let Some(c) = server.read_chunk().await? {
@@ -310,7 +310,7 @@ async fn zero_copy_chunks<B: Backend>(b: &B) {
 
 /// Reads through `AsyncBufRead` (lines) across message boundaries.
 async fn buf_read_lines<B: Backend>(b: &B) {
-    let (mut client, server) = pair(b, StreamConfig { chunk_size: 5 }).await;
+    let (mut client, server) = pair(b, ByteStreamConfig { chunk_size: 5 }).await;
     client.write_all(b"alpha\nbeta\ngamma\n").await.unwrap();
     client.shutdown().await.unwrap();
     let mut lines = server.lines();
@@ -324,7 +324,7 @@ async fn buf_read_lines<B: Backend>(b: &B) {
 /// A peer that is not a byte stream (a message with an unknown header) is `InvalidData`.
 async fn foreign_message_is_invalid_data<B: Backend>(b: &B) {
     let t = b.transport(MAX_MESSAGE);
-    let mut listener = StreamListener::bind(&t, &b.listen_addr(), StreamConfig::default())
+    let mut listener = StreamListener::bind(&t, &b.listen_addr(), ByteStreamConfig::default())
         .await
         .unwrap();
     let addr = listener.local_addr().unwrap();
