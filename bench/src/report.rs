@@ -90,12 +90,13 @@ pub struct Report {
     pub wall_seconds: f64,
 }
 
-/// Formats a byte count the way the issue names sizes (1 KB = 1024 B; 500000 B stays exact).
+/// Formats a byte count in binary units, as `--sizes` reads K and M: 64 KiB, 2 MiB; a count
+/// that is not a whole number of KiB stays exact (500000 B).
 pub fn size_label(n: usize) -> String {
     if n >= 1 << 20 && n % (1 << 20) == 0 {
-        format!("{} MB", n >> 20)
+        format!("{} MiB", n >> 20)
     } else if n >= 1024 && n % 1024 == 0 {
-        format!("{} KB", n >> 10)
+        format!("{} KiB", n >> 10)
     } else {
         format!("{n} B")
     }
@@ -595,6 +596,14 @@ impl Report {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_print_in_binary_units() {
+        assert_eq!(size_label(64 << 10), "64 KiB");
+        assert_eq!(size_label(2 << 20), "2 MiB");
+        assert_eq!(size_label(1536 << 10), "1536 KiB");
+        assert_eq!(size_label(500_000), "500000 B");
+    }
     use crate::measure::{CostFigures, Op};
     use crate::suite::{Figures, Latency, PingRow};
 
@@ -871,7 +880,7 @@ pub(crate) mod tests {
     fn even() -> Diagnosis {
         Diagnosis {
             transport: "uds".into(),
-            basis: "send 256 KB x 1 thread(s)".into(),
+            basis: "send 256 KiB x 1 thread(s)".into(),
             utilization: 0.9,
             copies_per_byte: 0.0,
             raw_copies_per_byte: 0.0,

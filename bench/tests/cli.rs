@@ -187,7 +187,7 @@ fn table_output_names_units_and_sections() {
         "rpc/os",
         "Diagnosis",
         "placement:",
-        "64 KB",
+        "64 KiB",
     ] {
         assert!(out.contains(want), "missing `{want}` in:\n{out}");
     }

@@ -118,8 +118,8 @@ fn orb_rows_show_both_shapes_and_tables_print() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("5 conn x 1 call, ping"), "{out}");
-    assert!(out.contains("5 conn x 1 call, send 4 KB"), "{out}");
-    assert!(out.contains("pipelined: 1 conn, send 4 KB"), "{out}");
+    assert!(out.contains("5 conn x 1 call, send 4 KiB"), "{out}");
+    assert!(out.contains("pipelined: 1 conn, send 4 KiB"), "{out}");
     assert!(out.contains("8 caller threads"), "{out}");
 }
 
