@@ -495,7 +495,7 @@ impl Report {
                 out.push_str("  for verbs, os = the link: RDMA READs of the size, 32 in flight, through this crate's binding (ib_read_bw-style)\n");
             }
         }
-        let mut header = vec!["transport", "op", "size", "threads"];
+        let mut header = vec!["transport", "op", "size", "threads", "window"];
         if with_os {
             header.push("os Mbit/s");
         }
@@ -514,6 +514,7 @@ impl Report {
                     c.op.name().to_string(),
                     size_label(c.size),
                     c.threads.to_string(),
+                    c.window.to_string(),
                 ];
                 if with_os {
                     row.push(c.os.as_ref().map_or(none.into(), |f| stat(&f.mbit_s)));
@@ -645,6 +646,7 @@ pub(crate) mod tests {
             raw_op: crate::suite::raw_twin(op),
             size: 256 << 10,
             threads: 1,
+            window: 16,
             raw: fig(30_000.0),
             rpc: fig(20_000.0),
             utilization: 20.0 / 30.0,
@@ -818,6 +820,7 @@ pub(crate) mod tests {
                 "op",
                 "size",
                 "threads",
+                "window",
                 "os Mbit/s",
                 "raw Mbit/s",
                 "rpc Mbit/s",
@@ -828,13 +831,14 @@ pub(crate) mod tests {
             ]
         );
         let send = row(&text, "Throughput", &["uds", "send"]);
-        assert_eq!(send[4], "40000 (40000-40000)");
-        assert_eq!(send[8..], ["67%", "75%", "50%"]);
+        assert_eq!(send[4], "16", "the window of the cell");
+        assert_eq!(send[5], "40000 (40000-40000)");
+        assert_eq!(send[9..], ["67%", "75%", "50%"]);
         // Echo has no OS twin; a transport without the baseline says n/a.
         let echo = row(&text, "Throughput", &["uds", "echo"]);
-        assert_eq!((echo[4], &echo[9..]), ("-", &["-", "-"][..]));
+        assert_eq!((echo[5], &echo[10..]), ("-", &["-", "-"][..]));
         let tcp = row(&text, "Throughput", &["tcp", "send"]);
-        assert_eq!((tcp[4], &tcp[9..]), ("n/a", &["n/a", "n/a"][..]));
+        assert_eq!((tcp[5], &tcp[10..]), ("n/a", &["n/a", "n/a"][..]));
     }
 
     /// Without any OS figures (remote mode) the tables are the ones without os columns.
@@ -864,6 +868,7 @@ pub(crate) mod tests {
         assert_eq!(uds["ping"]["rpc_os_latency_ratio"], 1.5);
         assert_eq!(uds["ping"]["raw_os_latency_ratio"], 1.2);
         assert_eq!(uds["cells"][0]["os"]["mbit_s"]["median"], 40_000.0);
+        assert_eq!(uds["cells"][0]["window"], 16, "the window each cell used");
         assert_eq!(uds["cells"][0]["rpc_os_utilization"], 0.5);
         assert_eq!(uds["cells"][0]["raw_os_utilization"], 0.75);
         assert!(uds["cells"][1]["os"].is_null());

@@ -176,6 +176,9 @@ pub struct Cell {
     pub size: usize,
     /// Client threads.
     pub threads: usize,
+    /// RPC calls in flight per client thread in this cell: `--window`, or fewer where
+    /// `--window-bytes` / size says so (at least 1).
+    pub window: usize,
     /// Raw figures.
     pub raw: Figures,
     /// RPC figures.
@@ -453,6 +456,7 @@ pub fn run<T: Transport + Clone>(
                     raw_op,
                     size,
                     threads,
+                    window: s.window_for(size),
                     utilization,
                     raw: figures(raw_runs),
                     rpc: figures(rpc_runs),
