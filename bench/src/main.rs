@@ -167,7 +167,8 @@ struct RunArgs {
     /// Client thread counts (each thread has its own connection), e.g. 1,4,16.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=256))]
     threads: Option<Vec<u16>>,
-    /// Byte-sequence operations to measure.
+    /// Operations to measure, exactly (default: all, and the latency row); `ping` is the
+    /// latency row.
     #[arg(long, value_delimiter = ',', value_enum)]
     ops: Option<Vec<Op>>,
     /// Round trips for the latency row, raw and RPC each (split over the repetitions).
@@ -304,10 +305,12 @@ impl RunArgs {
             .clone()
             .map(|v| v.into_iter().filter(|&o| o != Op::Ping).collect())
             .unwrap_or_else(|| vec![Op::Send, Op::Oneway, Op::Recv, Op::Echo]);
+        let ping = self.ops.as_ref().is_none_or(|v| v.contains(&Op::Ping));
         Settings {
             sizes,
             threads,
             ops,
+            ping,
             pings: self.pings,
             repeat: self.repeat as usize,
             bytes_per_run: self.bytes as u64,

@@ -194,17 +194,16 @@ pub fn diagnose(t: &TransportReport) -> Option<Diagnosis> {
         mean_in_flight: rpc.mean_in_flight,
         cpu_ms_per_gb: rpc.cpu_ms_per_gb,
         raw_cpu_ms_per_gb: raw.cpu_ms_per_gb,
-        ping_cpu_us: (
-            t.ping.rpc.costs.cpu_us_per_call,
-            t.ping.raw.costs.cpu_us_per_call,
-        ),
+        ping_cpu_us: t.ping.as_ref().map_or((0.0, 0.0), |p| {
+            (p.rpc.costs.cpu_us_per_call, p.raw.costs.cpu_us_per_call)
+        }),
         verdict: String::new(),
         latency_verdict: latency_verdict(t),
     };
     d.verdict = verdict(
         &d,
         basis.utilization,
-        t.ping.latency_ratio,
+        t.ping.as_ref().map(|p| p.latency_ratio),
         basis.op != crate::measure::Op::Oneway,
     );
     d.verdict = format!("{} (basis: {})", d.verdict.trim_end_matches('.'), d.basis) + ".";
@@ -216,7 +215,7 @@ pub fn diagnose(t: &TransportReport) -> Option<Diagnosis> {
 /// trip) or to the transport's reads and writes (client side; a runtime's `epoll_wait` calls
 /// are not among them, its wake-ups are).
 pub fn latency_verdict(t: &TransportReport) -> Option<String> {
-    let p = &t.ping;
+    let p = t.ping.as_ref()?;
     let os = p.os.as_ref()?;
     if t.os_baseline.starts_with("link") {
         let (r, c) = (&p.raw.costs, &p.rpc.costs);
@@ -273,7 +272,13 @@ pub fn latency_verdict(t: &TransportReport) -> Option<String> {
     ))
 }
 
-fn verdict(d: &Diagnosis, util: f64, ping_ratio: f64, twoway: bool) -> String {
+fn verdict(d: &Diagnosis, util: f64, ping: Option<f64>, twoway: bool) -> String {
+    // Without a latency row, the verdict speaks of throughput only.
+    let ping_ratio = ping.unwrap_or(1.0);
+    let latency = |r: f64| match ping {
+        Some(_) => format!(" and {r:.2}x raw p50 latency"),
+        None => String::new(),
+    };
     // Each candidate: (estimated share of the gap, sentence).
     let mut candidates: Vec<(f64, String)> = Vec::new();
     let extra_copies = d.copies_per_byte - d.raw_copies_per_byte;
@@ -368,22 +373,31 @@ fn verdict(d: &Diagnosis, util: f64, ping_ratio: f64, twoway: bool) -> String {
             format!("{}: the largest cost is {s}.", d.transport)
         }
         Some((_, s)) => format!(
-            "{}: RPC is at {:.0}% of raw throughput and {ping_ratio:.2}x raw p50 latency; the largest remaining cost is {s}.",
+            "{}: RPC is at {:.0}% of raw throughput{}; the largest remaining cost is {s}.",
             d.transport,
-            util * 100.0
+            util * 100.0,
+            latency(ping_ratio)
         ),
         None => format!(
-            "{}: no measurable cost above raw: RPC is at {:.0}% of raw throughput and {ping_ratio:.2}x raw p50 latency.",
+            "{}: no measurable cost above raw: RPC is at {:.0}% of raw throughput{}.",
             d.transport,
-            util * 100.0
+            util * 100.0,
+            latency(ping_ratio)
         ),
+    }
+}
+
+impl TransportReport {
+    /// Whether the run measured this transport's limit (the OS's sockets, or the link).
+    pub fn os_measured(&self) -> bool {
+        !self.os_baseline.starts_with("not measured")
     }
 }
 
 impl Report {
     /// One line per measured transport without an OS baseline, saying why.
     fn os_notes(&self, out: &mut String) {
-        for r in self.transports.iter().filter(|r| r.ping.os.is_none()) {
+        for r in self.transports.iter().filter(|r| !r.os_measured()) {
             let _ = writeln!(out, "  {:<9}  os: {}", r.transport, r.os_baseline);
         }
         for r in &self.transports {
@@ -396,7 +410,7 @@ impl Report {
     /// The terminal rendering.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let against = if self.transports.iter().any(|r| r.ping.os.is_some()) {
+        let against = if self.transports.iter().any(TransportReport::os_measured) {
             ", against the OS's own sockets"
         } else {
             ""
@@ -415,12 +429,18 @@ impl Report {
         out.push('\n');
         // The OS columns appear when some transport has its OS baseline (local mode, uds and
         // tcp); a transport without one shows "n/a" there.
-        let with_os = self.transports.iter().any(|r| r.ping.os.is_some());
-        let with_link = self
+        let pinged: Vec<(&TransportReport, &crate::suite::PingRow)> = self
             .transports
             .iter()
-            .any(|r| r.ping.os.is_some() && r.os_baseline.starts_with("link"));
-        if with_os {
+            .filter_map(|r| r.ping.as_ref().map(|p| (r, p)))
+            .collect();
+        let with_os = pinged.iter().any(|(_, p)| p.os.is_some());
+        let with_link = pinged
+            .iter()
+            .any(|(r, p)| p.os.is_some() && r.os_baseline.starts_with("link"));
+        if pinged.is_empty() {
+            out.push_str("Latency: not measured (--ops without ping)\n");
+        } else if with_os {
             out.push_str(
                 "Latency: os = 1-byte ping-pong over blocking OS sockets, no runtime (what the machine can do), raw = 1-byte ping-pong on the backend connection, rpc = `void o()` call; os, raw and rpc measured in alternating chunks; µs/rt = mean per chunk\n",
             );
@@ -449,8 +469,7 @@ impl Report {
             header.extend(["raw/os p50", "rpc/os p50"]);
         }
         let mut t = Table::new(&header, 1);
-        for r in &self.transports {
-            let p = &r.ping;
+        for (r, p) in &pinged {
             let mut row = vec![r.transport.clone()];
             if with_os {
                 match &p.os {
@@ -476,63 +495,69 @@ impl Report {
             }
             t.row(row);
         }
-        t.render(&mut out);
+        if !pinged.is_empty() {
+            t.render(&mut out);
+        }
         for u in &self.unavailable {
             let _ = writeln!(out, "  {:<9}  not available: {}", u.transport, u.reason);
         }
         self.os_notes(&mut out);
         out.push('\n');
-        out.push_str("Throughput in Mbit/s of payload: raw = message stream on the backend connection (send/oneway: into a sink, recv: from a source, echo: echoed stream); util = median over the runs of rpc / raw measured back to back\n");
-        let with_os = self
-            .transports
-            .iter()
-            .any(|r| r.cells.iter().any(|c| c.os.is_some()));
-        if with_os {
-            out.push_str("os = blocking OS socket stream of writes of the size into a reading sink, one thread, no runtime (beside send and oneway at 1 thread; - where there is none); raw/os, rpc/os = median over the runs of raw / os and rpc / os measured back to back\n");
-            if self.transports.iter().any(|r| {
-                r.os_baseline.starts_with("link") && r.cells.iter().any(|c| c.os.is_some())
-            }) {
-                out.push_str("  for verbs, os = the link: RDMA READs of the size, 32 in flight, through this crate's binding (ib_read_bw-style)\n");
-            }
-        }
-        let mut header = vec!["transport", "op", "size", "threads", "window"];
-        if with_os {
-            header.push("os Mbit/s");
-        }
-        header.extend(["raw Mbit/s", "rpc Mbit/s", "rpc calls/s", "util"]);
-        if with_os {
-            header.extend(["raw/os", "rpc/os"]);
-        }
-        let mut t = Table::new(&header, 2);
-        let pct = |v: f64| format!("{:.0}%", v * 100.0);
-        for r in &self.transports {
-            // "n/a": this transport has no OS baseline; "-": this row has no OS twin.
-            let none = if r.ping.os.is_some() { "-" } else { "n/a" };
-            for c in &r.cells {
-                let mut row = vec![
-                    r.transport.clone(),
-                    c.op.name().to_string(),
-                    size_label(c.size),
-                    c.threads.to_string(),
-                    c.window.to_string(),
-                ];
-                if with_os {
-                    row.push(c.os.as_ref().map_or(none.into(), |f| stat(&f.mbit_s)));
+        if self.transports.iter().all(|r| r.cells.is_empty()) {
+            out.push_str("Throughput: not measured (--ops ping only)\n");
+        } else {
+            out.push_str("Throughput in Mbit/s of payload: raw = message stream on the backend connection (send/oneway: into a sink, recv: from a source, echo: echoed stream); util = median over the runs of rpc / raw measured back to back\n");
+            let with_os = self
+                .transports
+                .iter()
+                .any(|r| r.cells.iter().any(|c| c.os.is_some()));
+            if with_os {
+                out.push_str("os = blocking OS socket stream of writes of the size into a reading sink, one thread, no runtime (beside send and oneway at 1 thread; - where there is none); raw/os, rpc/os = median over the runs of raw / os and rpc / os measured back to back\n");
+                if self.transports.iter().any(|r| {
+                    r.os_baseline.starts_with("link") && r.cells.iter().any(|c| c.os.is_some())
+                }) {
+                    out.push_str("  for verbs, os = the link: RDMA READs of the size, 32 in flight, through this crate's binding (ib_read_bw-style)\n");
                 }
-                row.extend([
-                    stat(&c.raw.mbit_s),
-                    stat(&c.rpc.mbit_s),
-                    format!("{:.0}", c.rpc.calls_s.median),
-                    pct(c.utilization),
-                ]);
-                if with_os {
-                    row.push(c.raw_os_utilization.map_or(none.into(), pct));
-                    row.push(c.rpc_os_utilization.map_or(none.into(), pct));
-                }
-                t.row(row);
             }
+            let mut header = vec!["transport", "op", "size", "threads", "window"];
+            if with_os {
+                header.push("os Mbit/s");
+            }
+            header.extend(["raw Mbit/s", "rpc Mbit/s", "rpc calls/s", "util"]);
+            if with_os {
+                header.extend(["raw/os", "rpc/os"]);
+            }
+            let mut t = Table::new(&header, 2);
+            let pct = |v: f64| format!("{:.0}%", v * 100.0);
+            for r in &self.transports {
+                // "n/a": this transport has no OS baseline; "-": this row has no OS twin.
+                let none = if r.os_measured() { "-" } else { "n/a" };
+                for c in &r.cells {
+                    let mut row = vec![
+                        r.transport.clone(),
+                        c.op.name().to_string(),
+                        size_label(c.size),
+                        c.threads.to_string(),
+                        c.window.to_string(),
+                    ];
+                    if with_os {
+                        row.push(c.os.as_ref().map_or(none.into(), |f| stat(&f.mbit_s)));
+                    }
+                    row.extend([
+                        stat(&c.raw.mbit_s),
+                        stat(&c.rpc.mbit_s),
+                        format!("{:.0}", c.rpc.calls_s.median),
+                        pct(c.utilization),
+                    ]);
+                    if with_os {
+                        row.push(c.raw_os_utilization.map_or(none.into(), pct));
+                        row.push(c.rpc_os_utilization.map_or(none.into(), pct));
+                    }
+                    t.row(row);
+                }
+            }
+            t.render(&mut out);
         }
-        t.render(&mut out);
         for u in &self.unavailable {
             let _ = writeln!(out, "  {:<9}  not available: {}", u.transport, u.reason);
         }
@@ -578,7 +603,11 @@ impl Report {
                     format!("{:.2}", d.registrations_per_call),
                     format!("{:.1}", d.mean_in_flight),
                     format!("{:.0} ({:.0})", d.cpu_ms_per_gb, d.raw_cpu_ms_per_gb),
-                    format!("{:.1} ({:.1})", d.ping_cpu_us.0, d.ping_cpu_us.1),
+                    if d.ping_cpu_us == (0.0, 0.0) {
+                        "-".to_string()
+                    } else {
+                        format!("{:.1} ({:.1})", d.ping_cpu_us.0, d.ping_cpu_us.1)
+                    },
                 ]);
             }
             t.render(&mut out);
@@ -662,7 +691,7 @@ pub(crate) mod tests {
                 "not measured: remote mode".into()
             },
             notes: Vec::new(),
-            ping: PingRow {
+            ping: Some(PingRow {
                 raw_os_latency_ratio: os.as_ref().map(|_| 1.2),
                 rpc_os_latency_ratio: os.as_ref().map(|_| 1.5),
                 os,
@@ -670,7 +699,7 @@ pub(crate) mod tests {
                 rpc: lat(15.0),
                 latency_ratio: 1.25,
                 mean_latency_ratio: 1.25,
-            },
+            }),
             cells: vec![cell(Op::Send, with_os), cell(Op::Echo, false)],
         }
     }
@@ -682,8 +711,8 @@ pub(crate) mod tests {
     fn verbs_latency_verdict_reads_against_the_link_and_names_channel_syscalls() {
         let mut t = transport("verbs", true);
         t.os_baseline = format!("link: {}", crate::link::DESCRIBE);
-        t.ping.rpc.costs.syscalls_per_call = 0.0;
-        t.ping.raw.costs.syscalls_per_call = 4.0;
+        t.ping.as_mut().unwrap().rpc.costs.syscalls_per_call = 0.0;
+        t.ping.as_mut().unwrap().raw.costs.syscalls_per_call = 4.0;
         let v = latency_verdict(&t).expect("link measured");
         assert!(
             v.starts_with("verbs latency: RPC p50 15.0 µs = 1.50x the link's busy-polled SEND ping-pong (10.0 µs)"),
@@ -700,23 +729,23 @@ pub(crate) mod tests {
             l.costs.context_switches_per_call = switches;
             l.costs.syscalls_per_call = calls;
         };
-        set(t.ping.os.as_mut().unwrap(), 2.0, 2.0);
-        set(&mut t.ping.raw, 4.0, 2.0);
-        set(&mut t.ping.rpc, 4.1, 2.0);
+        set(t.ping.as_mut().unwrap().os.as_mut().unwrap(), 2.0, 2.0);
+        set(&mut t.ping.as_mut().unwrap().raw, 4.0, 2.0);
+        set(&mut t.ping.as_mut().unwrap().rpc, 4.1, 2.0);
         let v = latency_verdict(&t).expect("os measured");
         assert!(v.starts_with("uds latency: RPC p50 15.0 µs = 1.50x"), "{v}");
         assert!(v.contains("the gap is wake-ups: 4.1 context switches per round trip for RPC and 4.0 raw against 2.0"), "{v}");
-        set(&mut t.ping.rpc, 2.0, 3.0);
+        set(&mut t.ping.as_mut().unwrap().rpc, 2.0, 3.0);
         let v = latency_verdict(&t).unwrap();
         assert!(
             v.contains("the gap is system calls: 3.0 reads and writes"),
             "{v}"
         );
-        set(&mut t.ping.rpc, 2.0, 2.0);
+        set(&mut t.ping.as_mut().unwrap().rpc, 2.0, 2.0);
         let v = latency_verdict(&t).unwrap();
         assert!(v.contains("match the OS: the rest is CPU"), "{v}");
         let mut close = transport("uds", true);
-        close.ping.rpc.p50_us = 10.5;
+        close.ping.as_mut().unwrap().rpc.p50_us = 10.5;
         let v = latency_verdict(&close).unwrap();
         assert!(v.contains("at the OS's limit"), "{v}");
         assert!(latency_verdict(&transport("tcp", false)).is_none());
@@ -735,6 +764,7 @@ pub(crate) mod tests {
             sizes: vec![256 << 10],
             threads: vec![1],
             ops: vec![Op::Send, Op::Echo],
+            ping: true,
             pings: 1000,
             repeat: 1,
             bytes_per_run: 1 << 20,
@@ -911,13 +941,13 @@ pub(crate) mod tests {
             syscalls_per_call: 2.6,
             ..even()
         };
-        let v = verdict(&d, 0.89, 1.05, true);
+        let v = verdict(&d, 0.89, Some(1.05), true);
         assert!(
             v.starts_with("uds: the largest cost is system calls: 2.60"),
             "{v}"
         );
         assert!(v.contains("a twoway call is two messages"), "{v}");
-        assert!(!verdict(&d, 0.89, 1.05, false).contains("twoway"));
+        assert!(!verdict(&d, 0.89, Some(1.05), false).contains("twoway"));
     }
 
     #[test]
@@ -927,22 +957,22 @@ pub(crate) mod tests {
             raw_context_switches_per_call: 0.31,
             ..even()
         };
-        assert!(verdict(&switches, 0.74, 1.1, true).contains("wake-ups: 1.93"));
+        assert!(verdict(&switches, 0.74, Some(1.1), true).contains("wake-ups: 1.93"));
         let copies = Diagnosis {
             copies_per_byte: 1.0,
             ..even()
         };
-        assert!(verdict(&copies, 0.6, 1.1, true).contains("payload copies: 1.00"));
+        assert!(verdict(&copies, 0.6, Some(1.1), true).contains("payload copies: 1.00"));
         let sync = Diagnosis {
             mean_in_flight: 1.0,
             ..even()
         };
-        assert!(verdict(&sync, 0.5, 1.1, true).contains("too few calls in flight"));
+        assert!(verdict(&sync, 0.5, Some(1.1), true).contains("too few calls in flight"));
     }
 
     #[test]
     fn says_so_when_nothing_costs_more() {
-        let v = verdict(&even(), 0.99, 1.02, true);
+        let v = verdict(&even(), 0.99, Some(1.02), true);
         assert!(v.contains("no measurable cost above raw"), "{v}");
     }
 }

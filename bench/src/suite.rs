@@ -17,6 +17,9 @@ pub struct Settings {
     pub threads: Vec<usize>,
     /// Byte-sequence operations.
     pub ops: Vec<Op>,
+    /// Whether the latency row (raw ping-pong vs `void o()`) is measured (`--ops` has `ping`,
+    /// or no `--ops`).
+    pub ping: bool,
     /// Round trips for the latency row (raw and RPC each), split over the repetitions.
     pub pings: u64,
     /// Repetitions of every measurement.
@@ -50,9 +53,11 @@ impl Settings {
     /// baseline (for the progress bar).
     pub fn jobs(&self, os: bool) -> u64 {
         let raw_ops = self.raw_ops().len();
-        let mut per_rep = self.threads.len() * self.sizes.len() * (self.ops.len() + raw_ops) + 2;
+        let pings = if self.ping { 2 + usize::from(os) } else { 0 };
+        let mut per_rep =
+            self.threads.len() * self.sizes.len() * (self.ops.len() + raw_ops) + pings;
         if os {
-            per_rep += 1 + self.os_stream_sizes();
+            per_rep += self.os_stream_sizes();
         }
         (per_rep * self.repeat) as u64
     }
@@ -204,8 +209,8 @@ pub struct TransportReport {
     pub transport: String,
     /// What the OS baseline (`os` figures) is, or why it was not measured.
     pub os_baseline: String,
-    /// The latency row.
-    pub ping: PingRow,
+    /// The latency row (absent when `--ops` leaves `ping` out).
+    pub ping: Option<PingRow>,
     /// Throughput cells.
     pub cells: Vec<Cell>,
     /// What else the reader should know about this transport's run (verbs: the polling mode
@@ -370,7 +375,7 @@ pub fn run<T: Transport + Clone>(
     let raw_ops = s.raw_ops();
     for rep in 0..repeat {
         progress.set_message(format!("{name}: ping, run {}/{repeat}", rep + 1));
-        for chunk in 0..ping_chunks {
+        for chunk in 0..if s.ping { ping_chunks } else { 0 } {
             let k = sides.len();
             let p = chunk % (2 * k);
             let side = if p < k {
@@ -388,7 +393,9 @@ pub fn run<T: Transport + Clone>(
             let size = usize::from(side != Side::Rpc);
             out.push(measure_side(side, Op::Ping, size, count, 1)?);
         }
-        progress.inc(sides.len() as u64);
+        if s.ping {
+            progress.inc(sides.len() as u64);
+        }
         for &threads in &s.threads {
             for &size in &s.sizes {
                 let count = s.calls_for(size).max(threads as u64);
@@ -426,21 +433,25 @@ pub fn run<T: Transport + Clone>(
             }
         }
     }
-    let raw = latency(&ping_raw)?;
-    let rpc = latency(&ping_rpc)?;
-    let os = if ping_os.is_empty() {
-        None
+    let ping = if s.ping {
+        let raw = latency(&ping_raw)?;
+        let rpc = latency(&ping_rpc)?;
+        let os = if ping_os.is_empty() {
+            None
+        } else {
+            Some(latency(&ping_os)?)
+        };
+        Some(PingRow {
+            latency_ratio: rpc.p50_us / raw.p50_us.max(1e-9),
+            mean_latency_ratio: rpc.us_per_call.median / raw.us_per_call.median.max(1e-9),
+            raw_os_latency_ratio: os.as_ref().map(|o| raw.p50_us / o.p50_us.max(1e-9)),
+            rpc_os_latency_ratio: os.as_ref().map(|o| rpc.p50_us / o.p50_us.max(1e-9)),
+            os,
+            raw,
+            rpc,
+        })
     } else {
-        Some(latency(&ping_os)?)
-    };
-    let ping = PingRow {
-        latency_ratio: rpc.p50_us / raw.p50_us.max(1e-9),
-        mean_latency_ratio: rpc.us_per_call.median / raw.us_per_call.median.max(1e-9),
-        raw_os_latency_ratio: os.as_ref().map(|o| raw.p50_us / o.p50_us.max(1e-9)),
-        rpc_os_latency_ratio: os.as_ref().map(|o| rpc.p50_us / o.p50_us.max(1e-9)),
-        os,
-        raw,
-        rpc,
+        None
     };
     let mut cells = Vec::new();
     for &threads in &s.threads {

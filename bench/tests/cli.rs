@@ -15,7 +15,7 @@ const TINY: &[&str] = &[
     "--sizes",
     "1K,64K",
     "--ops",
-    "send,echo",
+    "ping,send,echo",
     "--bytes",
     "256K",
     "--no-progress",
@@ -331,5 +331,55 @@ fn client_reaches_the_servers_unix_socket() {
         stderr(&refused).contains("--transport"),
         "{}",
         stderr(&refused)
+    );
+}
+
+/// `--ops` is honoured exactly: without `ping` there is no latency row, and `--ops ping` alone
+/// prints no empty throughput table.
+#[test]
+fn ops_are_honoured_exactly() {
+    let o = bench(&[
+        "--transports",
+        "uds",
+        "--pings",
+        "40",
+        "--repeat",
+        "1",
+        "--sizes",
+        "1K",
+        "--ops",
+        "send",
+        "--bytes",
+        "64K",
+        "--no-progress",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let uds = &v["transports"][0];
+    assert!(uds["ping"].is_null(), "no latency row without ping: {uds}");
+    assert_eq!(uds["cells"].as_array().map(Vec::len), Some(1), "{uds}");
+
+    let o = bench(&[
+        "--transports",
+        "uds",
+        "--pings",
+        "40",
+        "--repeat",
+        "1",
+        "--ops",
+        "ping",
+        "--no-progress",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("rpc µs/call"), "the latency row: {out}");
+    assert!(
+        out.contains("Throughput: not measured (--ops ping only)"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("raw Mbit/s"),
+        "no empty throughput table: {out}"
     );
 }
