@@ -13,9 +13,9 @@
 
 use crate::measure::{self, Outcome};
 use crate::sys;
+use hdrhistogram::Histogram;
 use std::net::SocketAddr;
 use std::time::Duration;
-use transport_core::MetricsSnapshot;
 use transport_verbs::link::{LinkClient, LinkServer};
 use transport_verbs::VerbsTransport;
 
@@ -58,7 +58,8 @@ pub fn link_addr(bench: SocketAddr) -> SocketAddr {
 
 /// The link server, on its own thread (see [`LinkServer`]).
 pub struct Server {
-    inner: LinkServer,
+    /// Serves until dropped.
+    _inner: LinkServer,
     target: Target,
 }
 
@@ -83,12 +84,14 @@ impl Server {
             verbs: verbs.clone(),
             addr: inner.local_addr(),
         };
-        Ok(Server { inner, target })
+        Ok(Server {
+            _inner: inner,
+            target,
+        })
     }
 
     /// Where clients connect.
     pub fn target(&self) -> &Target {
-        let _ = &self.inner;
         &self.target
     }
 }
@@ -126,24 +129,19 @@ fn outcome(
     calls: u64,
     bytes: u64,
     elapsed: Duration,
-    hist: Option<hdrhistogram::Histogram<u64>>,
-    u: sys::Usage,
+    hist: Option<Histogram<u64>>,
+    usage: sys::Usage,
 ) -> Outcome {
-    Outcome {
-        elapsed: elapsed.max(Duration::from_nanos(1)),
-        calls,
-        payload_bytes: bytes,
-        latency: hist,
-        metrics: MetricsSnapshot {
-            messages_sent: calls,
-            bytes_sent: bytes,
-            ..MetricsSnapshot::default()
-        },
-        server_metrics: MetricsSnapshot::default(),
-        cpu: u.cpu,
-        page_faults: u.minor_faults,
-        context_switches: u.context_switches,
-    }
+    let m = crate::os::Measured {
+        elapsed,
+        bytes,
+        hist,
+        // The link's loop only posts and polls: no counted system calls.
+        syscalls: 0,
+        messages: calls,
+        usage,
+    };
+    crate::os::outcome(m, calls)
 }
 
 /// `count` busy-polled 2-byte SEND round trips (after a warm-up) from a client thread pinned

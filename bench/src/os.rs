@@ -299,14 +299,14 @@ fn serve<S: Read + Write>(mut s: Counted<S>) -> std::io::Result<()> {
     }
 }
 
-/// What the client thread measured.
-struct Measured {
-    elapsed: Duration,
-    bytes: u64,
-    hist: Option<Histogram<u64>>,
-    syscalls: u64,
-    messages: u64,
-    usage: sys::Usage,
+/// What the client thread measured (also the link's client, `crate::link`).
+pub(crate) struct Measured {
+    pub(crate) elapsed: Duration,
+    pub(crate) bytes: u64,
+    pub(crate) hist: Option<Histogram<u64>>,
+    pub(crate) syscalls: u64,
+    pub(crate) messages: u64,
+    pub(crate) usage: sys::Usage,
 }
 
 /// Runs `work` on a client thread pinned to `core` and waits for it (bounded: every read
@@ -437,7 +437,7 @@ fn stream_on<S: Read + Write>(
     })
 }
 
-fn outcome(m: Measured, calls: u64) -> Outcome {
+pub(crate) fn outcome(m: Measured, calls: u64) -> Outcome {
     Outcome {
         elapsed: m.elapsed.max(Duration::from_nanos(1)),
         calls,

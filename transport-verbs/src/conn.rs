@@ -27,7 +27,7 @@ use transport_core::{
 use crate::cm::{CmMsg, Established};
 use crate::config::VerbsConfig;
 use crate::engine::{self, Engine, OutMsg, RecvBuf, Work, MAX_WRS_PER_WORK};
-use crate::error::{VerbsError, WcStatus, WorkRequestKind};
+use crate::error::{VerbsError, WorkRequestKind};
 use crate::ffi::{ChannelFd, Completion, Endpoint, HeldBytes, ReadSpec, SqLocal, WcFailure};
 use crate::pool::{Pool, PoolBuf};
 use crate::proto::TH_LEN;
@@ -63,11 +63,7 @@ impl Fail {
 }
 
 fn wc(kind: WorkRequestKind, e: WcFailure) -> Fail {
-    Fail::verbs(VerbsError::WorkCompletion {
-        op: kind,
-        status: WcStatus::from_raw(e.status),
-        vendor_err: e.vendor_err,
-    })
+    Fail::verbs(e.into_error(kind))
 }
 
 fn device_fail(op: &'static str, device: &str, e: io::Error) -> Fail {

@@ -442,6 +442,15 @@ pub(crate) struct WcFailure {
 }
 
 impl WcFailure {
+    /// The typed error of this failed completion of a `kind` work request.
+    pub(crate) fn into_error(self, kind: WorkRequestKind) -> crate::error::VerbsError {
+        crate::error::VerbsError::WorkCompletion {
+            op: kind,
+            status: crate::error::WcStatus::from_raw(self.status),
+            vendor_err: self.vendor_err,
+        }
+    }
+
     pub(crate) fn is_flush(&self) -> bool {
         self.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR
     }

@@ -39,7 +39,7 @@ use sideway::rdmacm::communication_manager::Identifier;
 use transport_core::TransportError;
 
 use crate::cm::{self, Established};
-use crate::error::{VerbsError, WcStatus, WorkRequestKind};
+use crate::error::{VerbsError, WorkRequestKind};
 use crate::ffi::{Completion, Endpoint, ReadSpec, SqLocal, WcFailure};
 use crate::pool::{Pool, PoolBuf};
 use crate::VerbsTransport;
@@ -58,6 +58,8 @@ const PING: u8 = b'p';
 /// Client -> server: expose a buffer of `u32` bytes; server -> client: `u64` address, `u32`
 /// rkey, `u32` length.
 const EXPOSE: u8 = b'x';
+/// Largest buffer a client may ask to be exposed for a READ stream.
+const MAX_STREAM: usize = 64 << 20;
 /// Client -> server: the stream is over, revoke the exposure.
 const DONE: u8 = b'd';
 /// Client -> server: the client leaves (answered, so that it lands before the QP goes).
@@ -78,12 +80,7 @@ struct Ctrl {
 }
 
 fn wc_error(kind: WorkRequestKind, e: WcFailure) -> TransportError {
-    VerbsError::WorkCompletion {
-        op: kind,
-        status: WcStatus::from_raw(e.status),
-        vendor_err: e.vendor_err,
-    }
-    .into()
+    e.into_error(kind).into()
 }
 
 fn timeout(what: &'static str) -> TransportError {
@@ -361,7 +358,7 @@ fn serve(link: &mut Link, stop: &AtomicBool) -> Result<(), TransportError> {
             PING => link.send_ctrl(&[PING, 0])?,
             EXPOSE => {
                 let len = u32::from_le_bytes(m.bytes[1..5].try_into().expect("4 bytes")) as usize;
-                if len == 0 || len > link.pool_limit() {
+                if len == 0 || len > MAX_STREAM {
                     return Err(VerbsError::Internal("link: bad EXPOSE length".into()).into());
                 }
                 if let Some(id) = exposed.take() {
@@ -400,13 +397,6 @@ fn serve(link: &mut Link, stop: &AtomicBool) -> Result<(), TransportError> {
             }
             _ => return Err(VerbsError::Internal("link: unknown message".into()).into()),
         }
-    }
-}
-
-impl Link {
-    /// The largest buffer a client may ask to be exposed.
-    fn pool_limit(&self) -> usize {
-        64 << 20
     }
 }
 
@@ -482,7 +472,7 @@ impl LinkClient {
     pub fn read_stream(&mut self, size: usize, count: u64) -> Result<Duration, TransportError> {
         let len = u32::try_from(size)
             .ok()
-            .filter(|&l| l > 0 && (l as usize) <= self.link.pool_limit())
+            .filter(|&l| l > 0 && (l as usize) <= MAX_STREAM)
             .ok_or_else(|| VerbsError::Config("link stream size must be within 1..=64 MiB"))?;
         let mut req = [0u8; 5];
         req[0] = EXPOSE;

@@ -137,10 +137,7 @@ fn run_bench(args: &[String]) -> Result<(), String> {
          (QEMU software emulation: compare with perftest's figures of the same boot, not with \
          the host's rows; --no-guest skips this)"
     );
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| testbed::repo_root().join("target"));
-    let bench = target.join("release/bench");
+    let bench = testbed::target_dir().join("release/bench");
     testbed::bench_in_guest(&bench, &args)
 }
 

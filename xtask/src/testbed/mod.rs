@@ -66,7 +66,14 @@ fn cache_dir() -> PathBuf {
     }
 }
 
-pub(crate) fn repo_root() -> PathBuf {
+/// Cargo's target directory for this workspace (`$CARGO_TARGET_DIR` or `target/`).
+pub(crate) fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"))
+}
+
+fn repo_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest.parent().unwrap_or(manifest).to_path_buf()
 }
@@ -462,10 +469,7 @@ fn build_bench_debug() -> Result<PathBuf, String> {
     if !status.success() {
         return Err(format!("building bench failed ({status})"));
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target"));
-    Ok(target.join("debug/bench"))
+    Ok(target_dir().join("debug/bench"))
 }
 
 /// The test executables of `cargo test <selection> --no-run`.
