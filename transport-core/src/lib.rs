@@ -11,7 +11,8 @@
 //! - [`Capabilities`] and per-connection [`Metrics`] (messages, bytes, payload bytes copied,
 //!   syscalls, doorbells, registrations, in-flight depth) so tools can explain where time goes.
 //! - [`budget`]: memory budgets shared by a transport's receivers or a server's handlers.
-//! - [`frame`]: the sans-IO stream framing; [`stream`]: connections over any byte stream.
+//! - [`frame`]: the sans-IO stream framing; [`stream`]: connections over any byte stream
+//!   ([`stream::StreamConnection`] is the TCP and Unix-socket connection).
 //! - [`spin`]: spinning before a runtime thread parks (a tokio `on_thread_park` hook).
 //! - [`rpc`]: the sans-IO RPC header codec, [`rpc::RpcClient`] and [`rpc::RpcServer`].
 //! - `conformance` (feature `conformance`): the test suite every backend runs.
@@ -41,6 +42,7 @@ mod metrics;
 pub mod rpc;
 pub mod spin;
 pub mod stream;
+mod stream_socket;
 mod transport;
 
 #[cfg(feature = "conformance")]

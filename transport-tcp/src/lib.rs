@@ -36,12 +36,10 @@ pub mod conformance;
 
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener as TokioListener, TcpStream};
-use transport_core::stream::{StreamConfig, StreamReceiver, StreamSender};
-use transport_core::{Capabilities, Connection, Listener, Metrics, Transport, TransportError};
+use transport_core::stream::{SocketReceiver, SocketSender, StreamConfig, StreamConnection};
+use transport_core::{Capabilities, Listener, Transport, TransportError};
 
 /// TCP settings.
 #[derive(Debug, Clone)]
@@ -136,9 +134,8 @@ impl TcpTransport {
     }
 }
 
-fn capabilities(config: &TcpConfig) -> Capabilities {
-    config.stream.capabilities("tcp", true)
-}
+/// The backend's name in [`Capabilities::name`].
+const NAME: &str = "tcp";
 
 impl Transport for TcpTransport {
     type Addr = SocketAddr;
@@ -146,7 +143,7 @@ impl Transport for TcpTransport {
     type Listener = TcpListener;
 
     fn capabilities(&self) -> Capabilities {
-        capabilities(&self.config)
+        self.config.stream.capabilities(NAME, true)
     }
 
     async fn connect(&self, addr: &SocketAddr) -> Result<TcpConnection, TransportError> {
@@ -159,7 +156,7 @@ impl Transport for TcpTransport {
         socket.set_nonblocking(true)?;
         let socket = tokio::net::TcpSocket::from_std_stream(socket.into());
         let stream = socket.connect(*addr).await?;
-        TcpConnection::new(stream, self.config.clone())
+        connection(stream, &self.config)
     }
 
     async fn listen(&self, addr: &SocketAddr) -> Result<TcpListener, TransportError> {
@@ -200,70 +197,32 @@ impl Listener for TcpListener {
 
     async fn accept(&mut self) -> Result<TcpConnection, TransportError> {
         let (stream, _) = self.inner.accept().await?;
-        TcpConnection::new(stream, self.config.clone())
+        connection(stream, &self.config)
     }
 }
 
-/// An established TCP connection.
-#[derive(Debug)]
-pub struct TcpConnection {
-    stream: TcpStream,
-    config: TcpConfig,
-    metrics: Arc<Metrics>,
-    peer: String,
-}
+/// An established TCP connection: the shared [`StreamConnection`] over a tokio `TcpStream`
+/// ([`StreamConnection::socket`] gives the socket).
+pub type TcpConnection = StreamConnection<TcpStream>;
 
-impl TcpConnection {
-    /// A connection on a connected or accepted stream: options that are per connection are
-    /// set here, for both.
-    fn new(stream: TcpStream, config: TcpConfig) -> Result<TcpConnection, TransportError> {
-        stream.set_nodelay(config.nodelay)?;
-        config.apply_keepalive(SockRef::from(&stream))?;
-        let peer = stream
-            .peer_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|_| "?".into());
-        Ok(TcpConnection {
-            stream,
-            config,
-            metrics: Arc::new(Metrics::default()),
-            peer,
-        })
-    }
-
-    /// The underlying socket (for options this crate does not wrap).
-    pub fn socket(&self) -> &TcpStream {
-        &self.stream
-    }
+/// A connection on a connected or accepted stream: options that are per connection are set
+/// here, for both.
+fn connection(stream: TcpStream, config: &TcpConfig) -> Result<TcpConnection, TransportError> {
+    stream.set_nodelay(config.nodelay)?;
+    config.apply_keepalive(SockRef::from(&stream))?;
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into());
+    Ok(StreamConnection::new(
+        stream,
+        NAME,
+        config.stream.clone(),
+        peer,
+    ))
 }
 
 /// The sending half of a TCP connection.
-pub type TcpSender = StreamSender<OwnedWriteHalf>;
+pub type TcpSender = SocketSender<TcpStream>;
 /// The receiving half of a TCP connection.
-pub type TcpReceiver = StreamReceiver<OwnedReadHalf>;
-
-impl Connection for TcpConnection {
-    type Sender = TcpSender;
-    type Receiver = TcpReceiver;
-
-    fn capabilities(&self) -> Capabilities {
-        capabilities(&self.config)
-    }
-
-    fn metrics(&self) -> Arc<Metrics> {
-        self.metrics.clone()
-    }
-
-    fn peer(&self) -> String {
-        self.peer.clone()
-    }
-
-    fn split(self) -> (TcpSender, TcpReceiver) {
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.stream);
-        let (r, w) = self.stream.into_split();
-        let mut rx = StreamReceiver::new(r, self.metrics.clone(), &self.config.stream);
-        // The receiver owns the read half, so the socket outlives its registration.
-        rx.set_spin_fd(fd);
-        (StreamSender::new(w, self.metrics, &self.config.stream), rx)
-    }
-}
+pub type TcpReceiver = SocketReceiver<TcpStream>;

@@ -25,7 +25,7 @@
 //! - **Permissions.** The socket file gets [`UdsConfig::mode`] (default `0o600`, owner only)
 //!   after `bind` and before `listen`, whatever the umask: nobody connects while the
 //!   permissions are looser. Connecting needs write permission on the socket file.
-//! - **Peer credentials.** [`UdsConnection::peer_credentials`] gives the uid, gid and pid the
+//! - **Peer credentials.** [`PeerCredentialsExt::peer_credentials`] gives the uid, gid and pid the
 //!   kernel recorded for the other end (`SO_PEERCRED`), on accepted and connected
 //!   connections.
 //! - **Allowed uids.** With [`UdsConfig::allowed_uids`] set (default `None`: whoever may open
@@ -39,7 +39,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), transport_core::TransportError> {
 //! use transport_core::{Listener, Transport};
-//! use transport_uds::{UdsAddr, UdsConfig, UdsTransport};
+//! use transport_uds::{PeerCredentialsExt, UdsAddr, UdsConfig, UdsTransport};
 //!
 //! let uds = UdsTransport::new(UdsConfig::default().with_mode(0o660));
 //! let addr: UdsAddr = "/tmp/demo.sock".parse().unwrap();
@@ -57,11 +57,9 @@ mod socket_file;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::Arc;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{UnixListener, UnixStream};
-use transport_core::stream::{StreamConfig, StreamReceiver, StreamSender};
-use transport_core::{Capabilities, Connection, Listener, Metrics, Transport, TransportError};
+use transport_core::stream::{SocketReceiver, SocketSender, StreamConfig, StreamConnection};
+use transport_core::{Capabilities, Listener, Transport, TransportError};
 
 /// A Unix socket path.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -207,9 +205,8 @@ impl UdsTransport {
     }
 }
 
-fn capabilities(config: &UdsConfig) -> Capabilities {
-    config.stream.capabilities("uds", true)
-}
+/// The backend's name in [`Capabilities::name`].
+const NAME: &str = "uds";
 
 impl Transport for UdsTransport {
     type Addr = UdsAddr;
@@ -217,18 +214,12 @@ impl Transport for UdsTransport {
     type Listener = UdsListener;
 
     fn capabilities(&self) -> Capabilities {
-        capabilities(&self.config)
+        self.config.stream.capabilities(NAME, true)
     }
 
     async fn connect(&self, addr: &UdsAddr) -> Result<UdsConnection, TransportError> {
         let stream = UnixStream::connect(&addr.0).await?;
-        let credentials = PeerCredentials::of(&stream);
-        Ok(UdsConnection::new(
-            stream,
-            credentials,
-            self.config.clone(),
-            addr.to_string(),
-        ))
+        Ok(connection(stream, &self.config, addr.to_string()))
     }
 
     /// Listens on `addr`'s path, holding its lock file; see the crate docs for when a file
@@ -294,85 +285,43 @@ impl Listener for UdsListener {
                 );
                 continue;
             }
-            return Ok(UdsConnection::new(
+            return Ok(connection(
                 stream,
-                credentials,
-                self.config.clone(),
+                &self.config,
                 format!("{} (accepted)", self.addr),
             ));
         }
     }
 }
 
-/// An established Unix socket connection.
-#[derive(Debug)]
-pub struct UdsConnection {
-    stream: UnixStream,
-    credentials: Option<PeerCredentials>,
-    config: UdsConfig,
-    metrics: Arc<Metrics>,
-    peer: String,
+/// An established Unix socket connection: the shared [`StreamConnection`] over a tokio
+/// `UnixStream` ([`StreamConnection::socket`] gives the socket). Who is at the other end:
+/// [`PeerCredentialsExt::peer_credentials`].
+pub type UdsConnection = StreamConnection<UnixStream>;
+
+/// The peer credentials of a [`UdsConnection`].
+pub trait PeerCredentialsExt {
+    /// Who is at the other end, as the kernel recorded it when the connection was set up;
+    /// `None` if the kernel could not tell (the peer was already gone, an unsupported
+    /// platform). Read it before [`Connection::split`](transport_core::Connection::split),
+    /// which consumes the connection.
+    fn peer_credentials(&self) -> Option<PeerCredentials>;
 }
 
-impl UdsConnection {
-    fn new(
-        stream: UnixStream,
-        credentials: Option<PeerCredentials>,
-        config: UdsConfig,
-        peer: String,
-    ) -> UdsConnection {
-        UdsConnection {
-            stream,
-            credentials,
-            config,
-            metrics: Arc::new(Metrics::default()),
-            peer,
-        }
+impl PeerCredentialsExt for UdsConnection {
+    fn peer_credentials(&self) -> Option<PeerCredentials> {
+        PeerCredentials::of(self.socket())
     }
+}
 
-    /// Who is at the other end, read from the kernel when the connection was set up; `None`
-    /// if the kernel could not tell (the peer was already gone, an unsupported platform).
-    /// Read it before [`Connection::split`], which consumes the connection.
-    pub fn peer_credentials(&self) -> Option<PeerCredentials> {
-        self.credentials
-    }
+fn connection(stream: UnixStream, config: &UdsConfig, peer: String) -> UdsConnection {
+    StreamConnection::new(stream, NAME, config.stream.clone(), peer)
 }
 
 /// The sending half of a Unix socket connection.
-pub type UdsSender = StreamSender<OwnedWriteHalf>;
+pub type UdsSender = SocketSender<UnixStream>;
 /// The receiving half of a Unix socket connection.
-pub type UdsReceiver = StreamReceiver<OwnedReadHalf>;
-
-impl Connection for UdsConnection {
-    type Sender = UdsSender;
-    type Receiver = UdsReceiver;
-
-    fn capabilities(&self) -> Capabilities {
-        capabilities(&self.config)
-    }
-
-    fn metrics(&self) -> Arc<Metrics> {
-        self.metrics.clone()
-    }
-
-    fn peer(&self) -> String {
-        self.peer.clone()
-    }
-
-    fn split(self) -> (UdsSender, UdsReceiver) {
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.stream);
-        let (r, w) = self.stream.into_split();
-        (
-            StreamSender::new(w, self.metrics.clone(), &self.config.stream),
-            {
-                // The receiver owns the read half, so the socket outlives its registration.
-                let mut rx = StreamReceiver::new(r, self.metrics, &self.config.stream);
-                rx.set_spin_fd(fd);
-                rx
-            },
-        )
-    }
-}
+pub type UdsReceiver = SocketReceiver<UnixStream>;
 
 /// The README's examples, compiled as doc tests so they cannot rot.
 #[doc = include_str!("../../README.md")]

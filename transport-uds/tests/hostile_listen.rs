@@ -16,7 +16,7 @@ use transport_core::{
     Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport,
     TransportError,
 };
-use transport_uds::{UdsAddr, UdsConfig, UdsListener, UdsTransport};
+use transport_uds::{PeerCredentialsExt, UdsAddr, UdsConfig, UdsListener, UdsTransport};
 
 /// The bound on every wait: generous, since only a broken defence makes a test wait at all.
 const WAIT: Duration = Duration::from_secs(10);
