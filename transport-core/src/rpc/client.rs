@@ -1,6 +1,6 @@
 //! The RPC client: many calls in flight on one connection, matched by request id.
 
-use super::error::{RpcError, Status};
+use super::error::{ProtocolError, RpcError, Status};
 use super::header::{Kind, RpcHeader, RPC_HEADER_LEN};
 use crate::{
     BufferPool, Connection, HeaderBytes, Message, MessageReceiver, MessageSender, Metrics,
@@ -571,7 +571,11 @@ async fn read_responses<R: MessageReceiver, S>(mut rx: R, shared: Arc<Shared<S>>
                 Err(RpcError::Remote(Status::decode(&msg.payload))),
             ),
             other => {
-                break RpcError::Protocol(format!("a server sent a {other:?} message"));
+                break ProtocolError::UnexpectedKind {
+                    from: "server",
+                    kind: other,
+                }
+                .into();
             }
         }
     };
@@ -912,5 +916,44 @@ mod tests {
         assert!(calls.iter().all(|c| !c.is_finished()));
         drop(server_end);
         all_fail_with_connection_errors(calls).await;
+    }
+
+    /// A server that answers with a message only clients send breaks the protocol: the
+    /// call fails with a typed [`ProtocolError`] naming the kind, not a string.
+    #[tokio::test]
+    async fn a_request_from_the_server_is_a_typed_protocol_error() {
+        let (client_end, server_end) = Duplex::pair(1 << 20);
+        let client = RpcClient::new(client_end, ClientConfig::default());
+        let (mut tx, mut rx) = server_end.split();
+        let server = tokio::spawn(async move {
+            let req = rx.recv().await.expect("recv").expect("a request");
+            let h = RpcHeader::decode(req.header.as_slice()).expect("header");
+            let bogus = RpcHeader::new(Kind::Request, 9, h.request_id, 0);
+            tx.send(Message::new(
+                HeaderBytes::from(bogus.encode()),
+                Bytes::new(),
+            ))
+            .await
+            .expect("send");
+            // Keep the connection open until the client has failed the call.
+            rx.recv().await
+        });
+        let err = tokio::time::timeout(Duration::from_secs(10), client.call(1, Bytes::new()))
+            .await
+            .expect("the call ends")
+            .expect_err("a request is not an answer");
+        match err {
+            RpcError::Protocol(ProtocolError::UnexpectedKind { from, kind }) => {
+                assert_eq!((from, kind), ("server", Kind::Request));
+            }
+            other => panic!("expected an unexpected-kind protocol error, got {other:?}"),
+        }
+        // The connection is gone: the next call fails at once with a connection error.
+        let next = tokio::time::timeout(Duration::from_secs(10), client.call(1, Bytes::new()))
+            .await
+            .expect("the call ends");
+        assert!(matches!(next, Err(e) if e.is_connection_error()));
+        drop(client);
+        let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
     }
 }

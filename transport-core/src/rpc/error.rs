@@ -1,6 +1,6 @@
 //! RPC statuses and errors.
 
-use super::header::HeaderError;
+use super::header::{HeaderError, Kind};
 use crate::TransportError;
 use bytes::{BufMut, Bytes, BytesMut};
 use std::sync::Arc;
@@ -117,7 +117,7 @@ pub enum RpcError {
     },
     /// The peer broke the protocol; the connection was closed.
     #[error("protocol violation by peer: {0}")]
-    Protocol(String),
+    Protocol(ProtocolError),
     /// The client was closed.
     #[error("client closed")]
     ClientClosed,
@@ -148,9 +148,33 @@ impl From<TransportError> for RpcError {
     }
 }
 
+/// How a peer broke the RPC protocol (see [`RpcError::Protocol`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// A message's RPC header is not valid.
+    #[error(transparent)]
+    Header(#[from] HeaderError),
+    /// A message of a kind that side never sends: a server sent a request or a cancel, or a
+    /// client sent a response or an error.
+    #[error("a {from} sent a {kind:?} message")]
+    UnexpectedKind {
+        /// Who sent it: `"server"` or `"client"`.
+        from: &'static str,
+        /// What it sent.
+        kind: Kind,
+    },
+}
+
 impl From<HeaderError> for RpcError {
     fn from(e: HeaderError) -> Self {
-        RpcError::Protocol(e.to_string())
+        RpcError::Protocol(ProtocolError::Header(e))
+    }
+}
+
+impl From<ProtocolError> for RpcError {
+    fn from(e: ProtocolError) -> Self {
+        RpcError::Protocol(e)
     }
 }
 

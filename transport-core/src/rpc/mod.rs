@@ -17,7 +17,7 @@ pub mod header;
 mod server;
 
 pub use client::{CallOptions, ClientConfig, RpcClient};
-pub use error::{code, RpcError, Status, MAX_STATUS_MESSAGE};
+pub use error::{code, ProtocolError, RpcError, Status, MAX_STATUS_MESSAGE};
 pub use header::{HeaderError, Kind, RpcHeader, RPC_HEADER_LEN};
 pub use server::{
     Handler, Request, RpcServer, ServerConfig, DEFAULT_REQUEST_BYTES_PER_CONNECTION,

@@ -1,6 +1,6 @@
 //! The RPC server: runs a [`Handler`] for every request, many at once per connection.
 
-use super::error::{code, RpcError, Status};
+use super::error::{code, ProtocolError, RpcError, Status};
 use super::header::{Kind, RpcHeader, RPC_HEADER_LEN};
 use crate::budget::{Charge, MemoryBudget};
 use crate::{
@@ -458,7 +458,7 @@ impl<H: Handler> RpcServer<H> {
                                 handle.abort();
                             }
                         }
-                        other => break Err(RpcError::Protocol(format!("a client sent a {other:?} message"))),
+                        other => break Err(ProtocolError::UnexpectedKind { from: "client", kind: other }.into()),
                     }
                 }
                 _ = poll_fn(|cx| registration.poll_stopping(cx)), if reading => {
