@@ -106,10 +106,22 @@ impl Link {
         VerbsError::verbs(op, &self.device, e).into()
     }
 
-    /// Sends a control message of up to 16 bytes (inline).
+    /// Sends a control message of up to 16 bytes (inline). Waits for send-queue room for at
+    /// most [`LINK_TIMEOUT`] without a completion.
     fn send_ctrl(&mut self, msg: &[u8]) -> Result<(), TransportError> {
+        let mut last = Instant::now();
+        let mut spins = 0u32;
         while self.ep.sq_room() == 0 {
-            self.poll_once(&mut |_| Ok(()))?;
+            if self.poll_once(&mut |_| Ok(()))? > 0 {
+                last = Instant::now();
+                continue;
+            }
+            spins = spins.wrapping_add(1);
+            // The clock is read once per 1024 empty polls, as in `spin_until`.
+            if spins % 1024 == 0 && last.elapsed() > LINK_TIMEOUT {
+                return Err(timeout("room in the send queue"));
+            }
+            std::hint::spin_loop();
         }
         let slot = self.ep.next_ctrl_slot();
         slot[..msg.len()].copy_from_slice(msg);
