@@ -4,7 +4,16 @@
 ///
 /// `bench` prints it, and code on top of a transport reads it instead of matching on
 /// backend names.
+///
+/// Backends outside this crate start from [`Capabilities::new`] and set what they offer:
+///
+/// ```
+/// let mut caps = transport_core::Capabilities::new("mine", 1 << 20);
+/// caps.zero_copy_send = true;
+/// assert!(caps.reliable_ordered && !caps.rdma_read);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// Short backend name: `tcp`, `uds`, `verbs`.
     pub name: &'static str,
@@ -28,4 +37,26 @@ pub struct Capabilities {
     pub event_fd: bool,
     /// Messages are delivered reliably and in order.
     pub reliable_ordered: bool,
+}
+
+impl Capabilities {
+    /// A reliable, ordered backend called `name` that accepts messages up to
+    /// `max_message_size` bytes with headers up to [`crate::MAX_HEADER_LEN`], and offers
+    /// nothing else: no inline sends, no one-sided operations, no zero-copy, no registered
+    /// buffers, no event descriptor. Set the fields for what the backend does offer.
+    pub fn new(name: &'static str, max_message_size: usize) -> Capabilities {
+        Capabilities {
+            name,
+            max_message_size,
+            max_header_len: crate::MAX_HEADER_LEN,
+            inline_size: 0,
+            rdma_read: false,
+            rdma_write: false,
+            zero_copy_send: false,
+            zero_copy_recv: false,
+            registered_buffers: false,
+            event_fd: false,
+            reliable_ordered: true,
+        }
+    }
 }

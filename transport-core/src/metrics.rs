@@ -63,6 +63,7 @@ impl LevelGauge {
 /// Backends count what they do; `bench` turns the deltas into its diagnosis
 /// (copies per byte, syscalls or doorbells per message, registrations per call, ...).
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct Metrics {
     /// Messages handed to the peer.
     pub messages_sent: Counter,

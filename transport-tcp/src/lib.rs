@@ -43,6 +43,7 @@ use transport_core::{Capabilities, Listener, Transport, TransportError};
 
 /// TCP settings.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct TcpConfig {
     /// Framing settings (max message size, read buffer).
     pub stream: StreamConfig,

@@ -42,10 +42,8 @@ fn keepalive_is_on_by_default() {
 #[tokio::test]
 async fn keepalive_is_set_as_configured_on_both_sides() {
     let idle = Duration::from_secs(37);
-    let config = TcpConfig {
-        keepalive: Some(idle),
-        ..TcpConfig::default()
-    };
+    let mut config = TcpConfig::default();
+    config.keepalive = Some(idle);
     for (side, conn) in pair(config).await {
         let sock = SockRef::from(conn.socket());
         assert!(
@@ -68,10 +66,8 @@ async fn keepalive_is_set_as_configured_on_both_sides() {
 
 #[tokio::test]
 async fn keepalive_is_off_when_configured_off() {
-    let config = TcpConfig {
-        keepalive: None,
-        ..TcpConfig::default()
-    };
+    let mut config = TcpConfig::default();
+    config.keepalive = None;
     for (side, conn) in pair(config).await {
         let sock = SockRef::from(conn.socket());
         assert!(

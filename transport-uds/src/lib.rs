@@ -104,6 +104,7 @@ impl From<PathBuf> for UdsAddr {
 
 /// Unix socket settings.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct UdsConfig {
     /// Framing settings (max message size, read buffer).
     pub stream: StreamConfig,

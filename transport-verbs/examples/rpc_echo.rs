@@ -122,13 +122,10 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    let defaults = VerbsConfig::default();
-    let cfg = VerbsConfig {
-        busy_poll: a.busy_poll,
-        eager_limit: a.eager_limit.unwrap_or(defaults.eager_limit),
-        recv_depth: a.recv_depth.unwrap_or(defaults.recv_depth),
-        ..defaults
-    };
+    let mut cfg = VerbsConfig::default();
+    cfg.busy_poll = a.busy_poll;
+    cfg.eager_limit = a.eager_limit.unwrap_or(cfg.eager_limit);
+    cfg.recv_depth = a.recv_depth.unwrap_or(cfg.recv_depth);
     let verbs = match VerbsTransport::new(cfg) {
         Ok(v) => v,
         Err(e) => {

@@ -14,6 +14,7 @@ pub const DEFAULT_POLL_SPIN: Duration = Duration::from_millis(1);
 
 /// Settings of the verbs transport. Both sides may differ: buffer sizes are exchanged.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct VerbsConfig {
     /// Largest message (header + payload) accepted, in bytes.
     pub max_message_size: usize,
@@ -176,19 +177,15 @@ impl VerbsConfig {
 
     /// What a connection with these settings can do.
     pub(crate) fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            name: "verbs",
-            max_message_size: self.max_message_size,
-            max_header_len: MAX_HEADER_LEN,
-            inline_size: self.inline_size.saturating_sub(proto::TH_LEN),
-            rdma_read: true,
-            // The device can, but nothing here posts RDMA WRITE (and no memory accepts one).
-            rdma_write: false,
-            zero_copy_send: true,
-            zero_copy_recv: true,
-            registered_buffers: true,
-            event_fd: !self.busy_poll,
-            reliable_ordered: true,
-        }
+        let mut caps = Capabilities::new("verbs", self.max_message_size);
+        caps.inline_size = self.inline_size.saturating_sub(proto::TH_LEN);
+        caps.rdma_read = true;
+        // The device can, but nothing here posts RDMA WRITE (and no memory accepts one).
+        caps.rdma_write = false;
+        caps.zero_copy_send = true;
+        caps.zero_copy_recv = true;
+        caps.registered_buffers = true;
+        caps.event_fd = !self.busy_poll;
+        caps
     }
 }

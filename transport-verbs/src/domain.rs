@@ -74,6 +74,7 @@ pub(crate) struct Domains {
 
 /// What a transport has registered and how many connections it has, across its devices.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemoryUse {
     /// Connections open right now.
     pub connections: usize,

@@ -18,10 +18,8 @@ fn a_slow_reader_stalls_the_sender_then_gets_everything_in_order() {
         return;
     };
     common::run(async move {
-        let cfg = VerbsConfig {
-            recv_depth: 8,
-            ..VerbsConfig::default()
-        };
+        let mut cfg = VerbsConfig::default();
+        cfg.recv_depth = 8;
         let verbs = VerbsTransport::new(cfg).expect("transport");
         let mut listener = verbs.listen(&addr).await.expect("listen");
         let addr = listener.local_addr().expect("addr");

@@ -152,11 +152,9 @@ fn an_rts_flood_is_a_typed_error_and_memory_stays_bounded() {
         return;
     };
     common::run(async move {
-        let cfg = VerbsConfig {
-            max_rendezvous_in: 4,
-            max_rendezvous_in_bytes: 8 << 20,
-            ..VerbsConfig::default()
-        };
+        let mut cfg = VerbsConfig::default();
+        cfg.max_rendezvous_in = 4;
+        cfg.max_rendezvous_in_bytes = 8 << 20;
         let (verbs, mut l, addr) = server(cfg, ip).await;
         let (mut peer, conn) = handshake(&mut l, addr).await;
         let metrics = conn.metrics();
@@ -207,10 +205,8 @@ fn a_peer_that_never_sends_hello_times_out() {
         return;
     };
     common::run(async move {
-        let cfg = VerbsConfig {
-            handshake_timeout: Duration::from_secs(1),
-            ..VerbsConfig::default()
-        };
+        let mut cfg = VerbsConfig::default();
+        cfg.handshake_timeout = Duration::from_secs(1);
         let (verbs, mut l, addr) = server(cfg, ip).await;
         let _peer = RawPeer::connect(addr, VerbsConfig::default())
             .await
@@ -242,10 +238,8 @@ fn a_peer_that_never_sends_fin_times_out() {
         return;
     };
     common::run(async move {
-        let cfg = VerbsConfig {
-            rendezvous_timeout: Duration::from_secs(2),
-            ..VerbsConfig::default()
-        };
+        let mut cfg = VerbsConfig::default();
+        cfg.rendezvous_timeout = Duration::from_secs(2);
         let (verbs, mut l, addr) = server(cfg, ip).await;
         let (mut peer, conn) = handshake(&mut l, addr).await;
         let (mut stx, mut srx) = conn.split();

@@ -16,11 +16,9 @@ const ROUND_TRIPS: u64 = 300;
 /// Client-side system calls (completion-channel arms and reads) over `ROUND_TRIPS` 8-byte
 /// ping-pongs on one connection with this spin budget.
 async fn syscalls_per_ping_pong(addr: std::net::SocketAddr, spin: Duration) -> u64 {
-    let verbs = VerbsTransport::new(VerbsConfig {
-        poll_spin: spin,
-        ..VerbsConfig::default()
-    })
-    .expect("transport");
+    let mut config = VerbsConfig::default();
+    config.poll_spin = spin;
+    let verbs = VerbsTransport::new(config).expect("transport");
     let mut listener = verbs.listen(&addr).await.expect("listen");
     let addr = listener.local_addr().expect("addr");
     let conn = verbs.connect(&addr).await.expect("connect");

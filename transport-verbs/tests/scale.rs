@@ -45,13 +45,11 @@ fn a_thousand_connections_each_make_a_call_without_error() {
         "RLIMIT_NOFILE {fds} is too low for this test"
     );
     common::run(async move {
-        let cfg = VerbsConfig {
-            recv_depth: 4,
-            send_depth: 16,
-            eager_limit: 4096,
-            inline_size: 64,
-            ..VerbsConfig::default()
-        };
+        let mut cfg = VerbsConfig::default();
+        cfg.recv_depth = 4;
+        cfg.send_depth = 16;
+        cfg.eager_limit = 4096;
+        cfg.inline_size = 64;
         let per_conn_bound = cfg.send_depth * 128 + cfg.recv_depth * cfg.recv_buf_size();
         let verbs = VerbsTransport::new(cfg).expect("transport");
         let mut listener = verbs.listen(&addr).await.expect("listen");

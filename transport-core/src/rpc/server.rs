@@ -84,6 +84,7 @@ pub const DEFAULT_SERVER_BUDGET: usize = 1 << 30;
 /// it). Past a limit the server stops reading the connection until handlers finish: the
 /// peer's sends block (back-pressure); nothing is dropped and nothing grows.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ServerConfig {
     /// Most calls run at once per connection; the server stops reading that connection until
     /// one finishes (back-pressure instead of unbounded memory).
