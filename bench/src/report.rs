@@ -116,23 +116,56 @@ fn stat(s: &Stat) -> String {
     format!("{} ({}-{})", num(s.median), num(s.min), num(s.max))
 }
 
-/// A table with a header row, columns right-aligned except the first `left` ones.
-struct Table {
+/// How the cells of a [`Table`] column line up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Align {
+    /// Padded on the right (names, labels).
+    Left,
+    /// Padded on the left (figures).
+    Right,
+}
+
+/// A text table: a header row and rows of cells, each column as wide as its widest cell,
+/// two spaces between columns, each line after an indent. The one table renderer of the
+/// bench: the main report's tables and `bench scenario`'s are all drawn by it.
+#[derive(Debug, Clone)]
+pub struct Table {
     rows: Vec<Vec<String>>,
-    left: usize,
+    align: Vec<Align>,
+    indent: &'static str,
 }
 
 impl Table {
-    fn new(header: &[&str], left: usize) -> Table {
+    /// A table with `header`, its first `left` columns aligned left and the others right,
+    /// indented by two spaces (the main report's layout).
+    pub fn new(header: &[&str], left: usize) -> Table {
         Table {
             rows: vec![header.iter().map(|s| s.to_string()).collect()],
-            left,
+            align: (0..header.len())
+                .map(|c| if c < left { Align::Left } else { Align::Right })
+                .collect(),
+            indent: "  ",
         }
     }
-    fn row(&mut self, cells: Vec<String>) {
+
+    /// The same table with every line indented by `indent` instead of two spaces.
+    pub fn indent(mut self, indent: &'static str) -> Table {
+        self.indent = indent;
+        self
+    }
+
+    /// Adds a row (a row longer than the header has its extra cells aligned right).
+    pub fn row(&mut self, cells: Vec<String>) {
         self.rows.push(cells);
     }
-    fn render(&self, out: &mut String) {
+
+    /// Adds every row of `rows`.
+    pub fn rows(&mut self, rows: impl IntoIterator<Item = Vec<String>>) {
+        self.rows.extend(rows);
+    }
+
+    /// Appends the table to `out`, one line per row, without trailing spaces.
+    pub fn render(&self, out: &mut String) {
         let cols = self.rows.iter().map(Vec::len).max().unwrap_or(0);
         let widths: Vec<usize> = (0..cols)
             .map(|c| {
@@ -145,15 +178,18 @@ impl Table {
             })
             .collect();
         for r in &self.rows {
-            let mut line = String::from("  ");
+            let mut line = String::from(self.indent);
             for (c, cell) in r.iter().enumerate() {
-                let pad = widths[c] - cell.chars().count();
-                if c < self.left {
-                    line.push_str(cell);
-                    line.push_str(&" ".repeat(pad));
-                } else {
-                    line.push_str(&" ".repeat(pad));
-                    line.push_str(cell);
+                let pad = " ".repeat(widths[c] - cell.chars().count());
+                match self.align.get(c).copied().unwrap_or(Align::Right) {
+                    Align::Left => {
+                        line.push_str(cell);
+                        line.push_str(&pad);
+                    }
+                    Align::Right => {
+                        line.push_str(&pad);
+                        line.push_str(cell);
+                    }
                 }
                 line.push_str("  ");
             }
@@ -758,6 +794,17 @@ pub(crate) mod tests {
         assert!(rendered.contains(&format!("  {v}\n")), "{rendered}");
     }
 
+    /// Local mode, client and server on CPU 0.
+    pub(crate) fn placement() -> Placement {
+        Placement {
+            mode: "local".into(),
+            client_core: Some(0),
+            server_core: Some(0),
+            allowed_cpus: vec![0],
+            summary: "same CPU 0".into(),
+        }
+    }
+
     /// A local run of `transports`: one 256 KB size, one thread, send and echo.
     pub(crate) fn report(transports: Vec<TransportReport>) -> Report {
         let settings = crate::suite::Settings {
@@ -776,13 +823,7 @@ pub(crate) mod tests {
         };
         Report {
             version: "test",
-            placement: Placement {
-                mode: "local".into(),
-                client_core: Some(0),
-                server_core: Some(0),
-                allowed_cpus: vec![0],
-                summary: "same CPU 0".into(),
-            },
+            placement: placement(),
             settings,
             transports,
             unavailable: Vec::new(),
@@ -974,5 +1015,26 @@ pub(crate) mod tests {
     fn says_so_when_nothing_costs_more() {
         let v = verdict(&even(), 0.99, Some(1.02), true);
         assert!(v.contains("no measurable cost above raw"), "{v}");
+    }
+
+    /// The one table renderer: each column as wide as its widest cell, the first `left`
+    /// columns aligned left and the rest right, two spaces between, the indent before each
+    /// line and no trailing spaces.
+    #[test]
+    fn table_aligns_columns_and_indents() {
+        let mut t = Table::new(&["name", "kind", "n"], 2);
+        t.row(vec!["a".into(), "long kind".into(), "1".into()]);
+        t.rows([vec!["bbb".into(), "k".into(), "1000".into()]]);
+        let mut out = String::new();
+        t.render(&mut out);
+        assert_eq!(
+            out,
+            "  name  kind          n\n  a     long kind     1\n  bbb   k          1000\n"
+        );
+        let mut out = String::new();
+        let mut t = Table::new(&["name", "n"], 1).indent("");
+        t.row(vec!["x".into(), "22".into()]);
+        t.render(&mut out);
+        assert_eq!(out, "name   n\nx     22\n");
     }
 }

@@ -13,7 +13,7 @@
 //! Each prints one table per scenario, or JSON with `--json`, and `--plot FILE.svg` draws it.
 
 use crate::plot::{Figure, Line, Marker, Panel, Series, Style, XAxis, YFormat};
-use crate::report::{size_label, Placement, Unavailable};
+use crate::report::{size_label, Placement, Table, Unavailable};
 use crate::{placement, Pin, TransportName};
 use bench::scenarios::load::{
     run_load, LoadConfig, Mode, Ping, ScenarioHandler, SendBytes, Slow, Stats, Typed, TypedKind,
@@ -545,6 +545,7 @@ pub fn render(r: &ScenarioReport) -> String {
                     "gRPC/native small",
                     "large",
                 ],
+                1,
                 r.framework
                     .iter()
                     .map(|f| {
@@ -578,6 +579,7 @@ pub fn render(r: &ScenarioReport) -> String {
                 table(
                     &mut out,
                     &["transport", "mode", "calls/s", "mean µs", "p99 µs"],
+                    2,
                     rows.iter()
                         .map(|x| {
                             vec![
@@ -613,6 +615,7 @@ pub fn render(r: &ScenarioReport) -> String {
                         "mean ms",
                         "p99 ms",
                     ],
+                    1,
                     rows.iter()
                         .map(|x| {
                             vec![
@@ -643,6 +646,7 @@ pub fn render(r: &ScenarioReport) -> String {
                         "mean µs",
                         "p99 µs",
                     ],
+                    2,
                     rows.iter()
                         .map(|x| {
                             vec![
@@ -719,6 +723,7 @@ fn typed_table(out: &mut String, rows: &[&Row]) {
             "recv",
             "echo",
         ],
+        2,
         lines,
     );
 }
@@ -728,36 +733,13 @@ fn bucket(bytes: usize) -> u32 {
     (bytes.max(1) as f64).log2().round() as u32
 }
 
-fn table(out: &mut String, head: &[&str], rows: Vec<Vec<String>>) {
-    let mut w: Vec<usize> = head.iter().map(|h| h.chars().count()).collect();
-    for r in &rows {
-        for (i, c) in r.iter().enumerate() {
-            w[i] = w[i].max(c.chars().count());
-        }
-    }
-    let line = |cells: Vec<String>| -> String {
-        cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let pad = w[i] - c.chars().count();
-                if i < 2 {
-                    format!("{c}{}", " ".repeat(pad))
-                } else {
-                    format!("{}{c}", " ".repeat(pad))
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("  ")
-    };
-    let _ = writeln!(
-        out,
-        "{}",
-        line(head.iter().map(|s| s.to_string()).collect())
-    );
-    for r in rows {
-        let _ = writeln!(out, "{}", line(r));
-    }
+/// Appends a scenario table through the report's [`Table`]: the first `left` columns name the
+/// row (aligned left), the others are figures (aligned right); not indented, under its title
+/// line.
+fn table(out: &mut String, head: &[&str], left: usize, rows: Vec<Vec<String>>) {
+    let mut t = Table::new(head, left).indent("");
+    t.rows(rows);
+    t.render(out);
 }
 
 /// One SVG with a row per scenario run, each with its legend at the right (the layout,
@@ -1015,6 +997,49 @@ mod tests {
         }
     }
 
+    /// The scenario tables are drawn by the report's one table renderer, under their title
+    /// and without indent: names aligned left, figures (client counts too) aligned right.
+    #[test]
+    fn scenario_tables_render_through_the_report_table() {
+        let report = ScenarioReport {
+            version: "test",
+            scenarios: vec![ScenarioName::Clients, ScenarioName::Framework],
+            placement: crate::report::tests::placement(),
+            rows: vec![
+                row(ScenarioName::Clients, "uds", "ping", 10, 1000.0),
+                row(ScenarioName::Clients, "uds", "ping", 100, 100_000.0),
+            ],
+            framework: vec![FrameworkRow {
+                transport: "uds",
+                small_calls_per_s: (1000.0, 40_000.0),
+                large_mb_per_s: (150.0, 750.0),
+                ratio: (0.03, 0.2),
+            }],
+            unavailable: vec![Unavailable {
+                transport: "verbs".into(),
+                reason: "no RDMA device found".into(),
+            }],
+            wall_seconds: 1.0,
+        };
+        let text = render(&report);
+        let want = "\
+placement: same CPU 0
+verbs: not available: no RDMA device found
+
+trivial handler: concurrent clients, one connection each, 0.5 s per row (ping)
+transport  clients  completed  calls/s  mean ms  p99 ms
+uds             10       1000     2000    0.010   0.020
+uds            100     100000   200000    0.010   0.020
+
+what a framework costs: gRPC (tonic over transport-stream) vs native RPC, one call in flight
+transport  64 B calls/s gRPC  native  1 MiB echo MB/s gRPC  native  gRPC/native small  large
+uds                     1000   40000                 150.0   750.0              0.03x  0.20x
+
+wall time 1.0 s
+";
+        assert_eq!(text, want, "{text}");
+    }
+
     /// Typed echo at encoded sizes that are not powers of two, and the clients scenario: the
     /// size axis reads 1K .. 512K, the legend names every line.
     #[test]
@@ -1040,13 +1065,7 @@ mod tests {
                 ScenarioName::Clients,
                 ScenarioName::Framework,
             ],
-            placement: Placement {
-                mode: "local".into(),
-                client_core: Some(0),
-                server_core: Some(0),
-                allowed_cpus: vec![0],
-                summary: "same CPU 0".into(),
-            },
+            placement: crate::report::tests::placement(),
             rows,
             framework: vec![FrameworkRow {
                 transport: "uds",
