@@ -7,7 +7,9 @@
 //! buffer goes back to the pool when the last view of the payload drops, so a steady stream of
 //! large messages reuses memory whose pages are already mapped instead of faulting in fresh
 //! pages for every message (on Linux that cost a large RPC response ~120 page faults per
-//! 500 KB). Framing is [`crate::frame`].
+//! 500 KB). Framing is [`crate::frame`]: the sender queues [`FrameEncoder`] frames, the
+//! receiver's small and large frames both come out of its one [`FrameDecoder`] (a large one
+//! is taken over with [`FrameDecoder::detach`]).
 //!
 //! # What a peer can make a receiver hold
 //!
@@ -25,10 +27,9 @@
 //! frames live in the read buffer ([`StreamConfig::read_buffer_size`]), which is not charged.
 
 use crate::budget::{Charge, MemoryBudget};
-use crate::frame::{check_send_size, encode_prefix, FrameDecoder, PREFIX_LEN};
+use crate::frame::{EncodedFrame, FrameDecoder, FrameEncoder, FramePrefix, PREFIX_LEN};
 use crate::{
-    Capabilities, HeaderBytes, Message, MessageReceiver, MessageSender, Metrics, TransportError,
-    MAX_HEADER_LEN,
+    Capabilities, Message, MessageReceiver, MessageSender, Metrics, TransportError, MAX_HEADER_LEN,
 };
 use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::VecDeque;
@@ -134,38 +135,10 @@ impl Default for StreamConfig {
 pub struct StreamSender<W> {
     io: W,
     metrics: Arc<Metrics>,
-    max_message_size: usize,
-    queue: VecDeque<Frame>,
+    encoder: FrameEncoder,
+    queue: VecDeque<EncodedFrame>,
     /// Bytes of the queue's front frame already written.
     offset: usize,
-}
-
-/// Prefix and header of one frame, contiguous, plus its payload.
-#[derive(Debug)]
-struct Frame {
-    head: [u8; PREFIX_LEN + MAX_HEADER_LEN],
-    head_len: u8,
-    payload: Bytes,
-}
-
-impl Frame {
-    fn new(msg: Message) -> Frame {
-        let mut head = [0u8; PREFIX_LEN + MAX_HEADER_LEN];
-        let h = msg.header.as_slice();
-        head[..PREFIX_LEN].copy_from_slice(&encode_prefix(h.len(), msg.payload.len()));
-        head[PREFIX_LEN..PREFIX_LEN + h.len()].copy_from_slice(h);
-        Frame {
-            head,
-            head_len: (PREFIX_LEN + h.len()) as u8,
-            payload: msg.payload,
-        }
-    }
-    fn head(&self) -> &[u8] {
-        &self.head[..self.head_len as usize]
-    }
-    fn len(&self) -> usize {
-        self.head_len as usize + self.payload.len()
-    }
 }
 
 impl<W: AsyncWrite + Unpin + Send + 'static> StreamSender<W> {
@@ -174,7 +147,7 @@ impl<W: AsyncWrite + Unpin + Send + 'static> StreamSender<W> {
         StreamSender {
             io,
             metrics,
-            max_message_size: config.max_message_size,
+            encoder: FrameEncoder::new(config.max_message_size),
             queue: VecDeque::new(),
             offset: 0,
         }
@@ -194,7 +167,7 @@ impl<W: AsyncWrite + Unpin + Send + 'static> StreamSender<W> {
             let mut n_slices = 0;
             let mut skip = *offset;
             'fill: for frame in queue.iter() {
-                for part in [frame.head(), &frame.payload[..]] {
+                for part in frame.parts() {
                     if skip >= part.len() {
                         skip -= part.len();
                         continue;
@@ -215,7 +188,7 @@ impl<W: AsyncWrite + Unpin + Send + 'static> StreamSender<W> {
             metrics.bytes_sent.add(n as u64);
             *offset += n;
             while let Some(front) = queue.front() {
-                let len = front.len();
+                let len = front.wire_len();
                 if *offset < len {
                     break;
                 }
@@ -230,16 +203,19 @@ impl<W: AsyncWrite + Unpin + Send + 'static> StreamSender<W> {
 
 impl<W: AsyncWrite + Unpin + Send + 'static> MessageSender for StreamSender<W> {
     async fn send(&mut self, msg: Message) -> Result<(), TransportError> {
-        check_send_size(&msg, self.max_message_size)?;
-        self.queue.push_back(Frame::new(msg));
+        self.queue.push_back(self.encoder.encode_frame(msg)?);
         self.write_queue().await
     }
 
     async fn send_batch(&mut self, msgs: &mut Vec<Message>) -> Result<(), TransportError> {
+        // All or nothing: a message over the limit fails the batch before any is queued.
         for m in msgs.iter() {
-            check_send_size(m, self.max_message_size)?;
+            self.encoder.check(m)?;
         }
-        self.queue.extend(msgs.drain(..).map(Frame::new));
+        self.queue.reserve(msgs.len());
+        for m in msgs.drain(..) {
+            self.queue.push_back(self.encoder.encode_frame(m)?);
+        }
         self.write_queue().await
     }
 
@@ -248,7 +224,7 @@ impl<W: AsyncWrite + Unpin + Send + 'static> MessageSender for StreamSender<W> {
     }
 
     fn max_message_size(&self) -> usize {
-        self.max_message_size
+        self.encoder.max_message_size()
     }
 
     async fn close(&mut self) -> Result<(), TransportError> {
@@ -331,14 +307,14 @@ impl Drop for PooledFrame {
     }
 }
 
-/// A large frame being read: prefix, header and payload land in `buf` until it holds `total`.
-/// `charge` covers `buf`'s capacity.
+/// A large frame being read: prefix, header and payload land in `buf` until it holds
+/// `prefix.frame_len()` bytes. `charge` covers `buf`'s capacity.
 #[derive(Debug)]
 struct LargeFrame {
     buf: Vec<u8>,
     charge: Charge,
-    total: usize,
-    header_len: usize,
+    /// As the receiver's decoder parsed it.
+    prefix: FramePrefix,
 }
 
 /// Runs `f` until `deadline` (if any); `None` if the deadline passed first.
@@ -447,23 +423,29 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
         self.stall_deadline
     }
 
-    fn stalled(&mut self, received: usize, expected: usize) -> TransportError {
+    /// Fails with [`TransportError::Stalled`] at the frame in progress: the large frame
+    /// being read, else the decoder's.
+    fn stalled(&mut self) -> TransportError {
+        let (received, expected) = match &self.large {
+            Some(lf) => (lf.buf.len() as u64, lf.prefix.frame_len() as u64),
+            None => self.decoder.progress(&self.buf),
+        };
         let e = TransportError::Stalled {
-            received: received as u64,
-            expected: expected as u64,
+            received,
+            expected,
             after: self.frame_timeout.unwrap_or_default(),
         };
         self.fail(e)
     }
 
-    /// Moves the start of a frame larger than the read buffer (its prefix already validated
-    /// by the decoder) into a buffer of its own: a pooled one that fits, or a new one charged
-    /// to the budget (its whole length while the budget is less than half used, else a first
-    /// chunk; waiting for budget if need be). The
-    /// rest is read straight into that buffer. Cancel safe: nothing changes until the buffer
-    /// is had.
-    async fn start_large(&mut self, total: usize) -> Result<(), TransportError> {
-        let header_len = self.buf[3] as usize;
+    /// Moves the start of a frame larger than the read buffer (`prefix`, as the decoder
+    /// parsed and accepted it) into a buffer of its own: a pooled one that fits, or a new one
+    /// charged to the budget (its whole length while the budget is less than half used, else
+    /// a first chunk; waiting for budget if need be). The decoder hands the frame over
+    /// ([`FrameDecoder::detach`]) and the rest is read straight into that buffer. Cancel
+    /// safe: nothing changes until the buffer is had.
+    async fn start_large(&mut self, prefix: FramePrefix) -> Result<(), TransportError> {
+        let total = prefix.frame_len();
         let (mut buf, charge) = match self.large_pool.take(total) {
             Some(reused) => reused,
             None => {
@@ -480,24 +462,23 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
                         let deadline = self.stall_deadline();
                         match until(&mut self.stall_timer, deadline, budget.charge(first)).await {
                             Some(charge) => (Vec::with_capacity(first), charge),
-                            None => return Err(self.stalled(self.buf.len(), total)),
+                            None => return Err(self.stalled()),
                         }
                     }
                 }
             }
         };
-        buf.extend_from_slice(&self.buf);
-        // The payload bytes that were read ahead into the read buffer had to be moved.
-        self.metrics
-            .payload_bytes_copied
-            .add(self.buf.len().saturating_sub(PREFIX_LEN + header_len) as u64);
-        self.buf.clear();
-        self.decoder = FrameDecoder::new(self.decoder.max_message_size());
+        // The payload bytes that were read ahead into the read buffer have to be moved.
+        let read_ahead = self.buf.len().saturating_sub(PREFIX_LEN + prefix.header_len());
+        let prefix = self
+            .decoder
+            .detach(&mut self.buf, &mut buf)
+            .expect("start_large is called with the decoder's pending frame");
+        self.metrics.payload_bytes_copied.add(read_ahead as u64);
         self.large = Some(LargeFrame {
             buf,
             charge,
-            total,
-            header_len,
+            prefix,
         });
         Ok(())
     }
@@ -508,7 +489,8 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
         loop {
             let (len, total, full) = {
                 let lf = self.large.as_ref().expect("a large frame is in progress");
-                (lf.buf.len(), lf.total, lf.buf.len() == lf.buf.capacity())
+                let len = lf.buf.len();
+                (len, lf.prefix.frame_len(), len == lf.buf.capacity())
             };
             if len == total {
                 break;
@@ -521,7 +503,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
                     .await
                     .is_none()
                 {
-                    return Err(self.stalled(len, total));
+                    return Err(self.stalled());
                 }
                 lf.buf.reserve_exact(more);
                 // Growing may move what arrived so far.
@@ -535,7 +517,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
             let n = match read {
                 Some(Ok(n)) => n,
                 Some(Err(e)) => return Err(self.fail(e.into())),
-                None => return Err(self.stalled(len, total)),
+                None => return Err(self.stalled()),
             };
             self.metrics.syscalls.incr();
             if n == 0 {
@@ -549,16 +531,12 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
             self.metrics.bytes_received.add(n as u64);
         }
         let lf = self.large.take().expect("a large frame is in progress");
-        let start = PREFIX_LEN + lf.header_len;
-        let header = HeaderBytes::new(&lf.buf[PREFIX_LEN..start]).unwrap_or_default();
-        let total = lf.total;
-        let payload = Bytes::from_owner(PooledFrame {
+        let frame = Bytes::from_owner(PooledFrame {
             buf: lf.buf,
             charge: lf.charge,
             pool: self.large_pool.clone(),
-        })
-        .slice(start..total);
-        Ok(Message { header, payload })
+        });
+        lf.prefix.split_frame(frame).map_err(|e| self.fail(e))
     }
 
     /// Makes room for the next read: exactly one frame's worth for a large frame whose
@@ -606,9 +584,9 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
                 Ok(None) => {}
                 Err(e) => return Err(self.fail(e)),
             }
-            if let Some(total) = self.decoder.pending_frame_len() {
-                if total > self.read_buffer_size {
-                    self.start_large(total).await?;
+            if let Some(prefix) = self.decoder.pending_prefix() {
+                if prefix.frame_len() > self.read_buffer_size {
+                    self.start_large(prefix).await?;
                     continue;
                 }
             }
@@ -637,10 +615,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
             let n = match read {
                 Some(Ok(n)) => n,
                 Some(Err(e)) => return Err(self.fail(e.into())),
-                None => {
-                    let expected = self.decoder.pending_frame_len().unwrap_or(0);
-                    return Err(self.stalled(self.buf.len(), expected));
-                }
+                None => return Err(self.stalled()),
             };
             self.progressed = true;
             self.metrics.syscalls.incr();
@@ -660,7 +635,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
 
     fn remaining_in_message(&self) -> Option<usize> {
         match &self.large {
-            Some(lf) => Some(lf.total - lf.buf.len()),
+            Some(lf) => Some(lf.prefix.frame_len() - lf.buf.len()),
             None => self
                 .decoder
                 .pending_frame_len()
@@ -676,6 +651,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame::encode_prefix;
     use crate::HeaderBytes;
     use bytes::Bytes;
 
@@ -1120,8 +1096,10 @@ mod tests {
         ));
         let start = tokio::time::Instant::now();
         let r = tokio::time::timeout(Duration::from_secs(120), rx.recv()).await;
+        // It reports how far into the rejected frame it got: prefix, header, 1000 bytes.
+        let frame_len = (PREFIX_LEN + 1 + (4 << 20)) as u64;
         assert!(
-            matches!(r, Ok(Err(TransportError::Stalled { .. }))),
+            matches!(r, Ok(Err(TransportError::Stalled { received: 1009, expected, .. })) if expected == frame_len),
             "expected Stalled, got {r:?}"
         );
         assert!(start.elapsed() <= DEFAULT_FRAME_TIMEOUT + Duration::from_secs(1));
