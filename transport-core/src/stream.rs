@@ -349,6 +349,29 @@ async fn until<F: Future>(
 }
 
 /// The receiving half of a stream connection.
+///
+/// A fatal error is returned once as what happened (`Truncated`, `Malformed`, `Stalled`, an
+/// I/O error, ...); every later [`recv`](MessageReceiver::recv) returns
+/// [`TransportError::Failed`] carrying that first error, also after a clean end (`Ok(None)`,
+/// then `Failed(Closed)`):
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use std::sync::Arc;
+/// use tokio::io::AsyncWriteExt;
+/// use transport_core::stream::{StreamConfig, StreamReceiver};
+/// use transport_core::{MessageReceiver, TransportError};
+///
+/// let (mut peer, ours) = tokio::io::duplex(1024);
+/// let mut rx = StreamReceiver::new(ours, Arc::default(), &StreamConfig::default());
+/// peer.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+/// assert!(matches!(rx.recv().await, Err(TransportError::Malformed(_))));
+/// let again = rx.recv().await.unwrap_err();
+/// assert!(matches!(again, TransportError::Failed(_)));
+/// assert!(matches!(again.original(), TransportError::Malformed(_)));
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct StreamReceiver<R> {
     io: R,
@@ -356,7 +379,9 @@ pub struct StreamReceiver<R> {
     decoder: FrameDecoder,
     metrics: Arc<Metrics>,
     read_buffer_size: usize,
-    failed: Option<String>,
+    /// The first fatal error (or [`TransportError::Closed`] after a clean end), reported
+    /// again by every later `recv` as [`TransportError::Failed`].
+    failed: Option<Arc<TransportError>>,
     large: Option<LargeFrame>,
     large_pool: Arc<LargePool>,
     /// The last frame was large: read only [`READ_AFTER_LARGE`] bytes ahead until a small
@@ -405,9 +430,10 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
         self.buf.capacity()
     }
 
+    /// Remembers a fatal `e` for later calls; returns it.
     fn fail(&mut self, e: TransportError) -> TransportError {
-        if e.is_fatal() {
-            self.failed = Some(e.to_string());
+        if e.is_fatal() && self.failed.is_none() {
+            self.failed = Some(Arc::new(e.duplicate()));
         }
         e
     }
@@ -469,7 +495,10 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
             }
         };
         // The payload bytes that were read ahead into the read buffer have to be moved.
-        let read_ahead = self.buf.len().saturating_sub(PREFIX_LEN + prefix.header_len());
+        let read_ahead = self
+            .buf
+            .len()
+            .saturating_sub(PREFIX_LEN + prefix.header_len());
         let prefix = self
             .decoder
             .detach(&mut self.buf, &mut buf)
@@ -560,11 +589,8 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
 
 impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R> {
     async fn recv(&mut self) -> Result<Option<Message>, TransportError> {
-        if let Some(reason) = &self.failed {
-            return Err(TransportError::Io(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                format!("receiver failed earlier: {reason}"),
-            )));
+        if let Some(first) = &self.failed {
+            return Err(TransportError::Failed(first.clone()));
         }
         loop {
             if self.large.is_some() {
@@ -623,7 +649,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
                 return match self.decoder.decode_eof(&mut self.buf) {
                     Ok(Some(msg)) => Ok(Some(msg)),
                     Ok(None) => {
-                        self.failed = Some("connection closed by peer".into());
+                        self.failed = Some(Arc::new(TransportError::Closed));
                         Ok(None)
                     }
                     Err(e) => Err(self.fail(e)),
@@ -875,7 +901,31 @@ mod tests {
             }
             other => panic!("expected Truncated, got {other:?}"),
         }
-        assert!(rx.recv().await.is_err(), "the receiver stays failed");
+        assert!(matches!(
+            first_failure(rx.recv().await),
+            TransportError::Truncated {
+                received: 30_000,
+                ..
+            }
+        ));
+    }
+
+    /// The error a receiver reports after it failed: `Failed`, fatal, with the first error
+    /// (typed) as its source; returns that first error.
+    fn first_failure(r: Result<Option<Message>, TransportError>) -> TransportError {
+        use std::error::Error;
+        let e = r.expect_err("the receiver stays failed");
+        assert!(e.is_fatal());
+        let TransportError::Failed(first) = &e else {
+            panic!("expected Failed, got {e:?}");
+        };
+        let source = e.source().expect("the first error is the source");
+        let typed = source
+            .downcast_ref::<TransportError>()
+            .expect("the source is a TransportError");
+        assert!(std::ptr::eq(typed, &**first));
+        assert!(std::ptr::eq(e.original(), typed));
+        typed.duplicate()
     }
 
     #[tokio::test]
@@ -976,7 +1026,44 @@ mod tests {
             }
             other => panic!("expected Truncated, got {other:?}"),
         }
-        assert!(rx.recv().await.is_err(), "the receiver stays failed");
+        for _ in 0..2 {
+            assert!(matches!(
+                first_failure(rx.recv().await),
+                TransportError::Truncated {
+                    received: 408,
+                    expected: 1008
+                }
+            ));
+        }
+    }
+
+    /// After a clean end the receiver answers `Failed(Closed)`; after a malformed frame,
+    /// `Failed(Malformed)`: the first error's type, not a string.
+    #[tokio::test]
+    async fn after_the_end_or_a_fatal_error_the_first_error_is_kept_typed() {
+        let (raw, b) = tokio::io::duplex(1 << 16);
+        let mut rx = StreamReceiver::new(b, Arc::default(), &StreamConfig::default());
+        drop(raw);
+        assert!(rx.recv().await.unwrap().is_none(), "clean end");
+        let again = rx.recv().await;
+        assert!(matches!(first_failure(again), TransportError::Closed));
+
+        let (mut raw, b) = tokio::io::duplex(1 << 16);
+        let mut rx = StreamReceiver::new(b, Arc::default(), &StreamConfig::default());
+        raw.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        let first = rx.recv().await.unwrap_err();
+        assert!(matches!(first, TransportError::Malformed(m) if m.contains("magic")));
+        // More (valid) bytes do not revive it.
+        raw.write_all(&encode_prefix(0, 0)).await.unwrap();
+        assert!(matches!(
+            first_failure(rx.recv().await),
+            TransportError::Malformed(m) if m.contains("magic")
+        ));
+        let shown = rx.recv().await.unwrap_err().to_string();
+        assert!(
+            shown.starts_with("the connection failed earlier: malformed frame: bad magic"),
+            "{shown}"
+        );
     }
 
     #[tokio::test]
@@ -1165,7 +1252,14 @@ mod tests {
         }
         assert!(start.elapsed() >= Duration::from_secs(30));
         assert!(start.elapsed() < Duration::from_secs(31));
-        assert!(rx.recv().await.is_err(), "the receiver stays failed");
+        assert!(matches!(
+            first_failure(rx.recv().await),
+            TransportError::Stalled {
+                received: 18,
+                expected: 108,
+                ..
+            }
+        ));
     }
 
     /// A frame that keeps arriving slowly is not cut: the limit counts from the last byte.
