@@ -53,6 +53,22 @@
 //!   peer that is gone. As with a socket buffer, writes can be accepted into the transport's send
 //!   queue before the death is noticed; the error then comes from a later write, flush or
 //!   `shutdown` (which needs the peer to take its end-of-stream marker).
+//! - **After an error** a half stays failed: every later call returns an error of the same
+//!   [`io::ErrorKind`] that still carries the first one, typed. A transport failure comes back
+//!   as [`TransportError::Failed`] (inside the `io::Error`), whose [`source`] is the first
+//!   [`TransportError`]; a peer that broke the byte-stream protocol gives the same
+//!   [`ByteStreamError`] every time:
+//!
+//!   ```
+//!   # use std::error::Error;
+//!   # use transport_core::TransportError;
+//!   # fn first_cause(e: &std::io::Error) -> Option<&TransportError> {
+//!   let transport = e.get_ref()?.downcast_ref::<TransportError>()?;
+//!   Some(transport.original()) // the first error, also when this is a later call's
+//!   # }
+//!   ```
+//!
+//! [`source`]: std::error::Error::source
 //!
 //! ## Copies: what the stream model forces
 //!
@@ -125,36 +141,133 @@ impl Default for ByteStreamConfig {
     }
 }
 
-/// Maps a transport error to the `io::Error` a stream user expects.
+/// Maps a transport error to the `io::Error` a stream user expects: an
+/// [`TransportError::Io`] error as it is, any other inside an `io::Error` of a matching kind
+/// (`e.get_ref()` downcasts to the [`TransportError`]). [`TransportError::Failed`] gets the
+/// kind of the error it carries.
+///
+/// ```
+/// use std::io;
+/// use transport_core::TransportError;
+/// use transport_stream::to_io_error;
+///
+/// let e = to_io_error(TransportError::Truncated { received: 1, expected: 9 });
+/// assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+/// let inner = e.get_ref().and_then(|i| i.downcast_ref::<TransportError>());
+/// assert!(matches!(inner, Some(TransportError::Truncated { received: 1, expected: 9 })));
+/// ```
 pub fn to_io_error(e: TransportError) -> io::Error {
     match e {
         TransportError::Io(e) => e,
-        TransportError::Closed => io::Error::new(io::ErrorKind::BrokenPipe, TransportError::Closed),
-        e @ TransportError::Truncated { .. } => io::Error::new(io::ErrorKind::UnexpectedEof, e),
-        e @ TransportError::Malformed(_) => io::Error::new(io::ErrorKind::InvalidData, e),
-        e @ TransportError::MessageTooLarge { .. } => io::Error::new(io::ErrorKind::InvalidData, e),
-        e @ TransportError::InvalidAddress { .. } => io::Error::new(io::ErrorKind::InvalidInput, e),
-        e @ TransportError::Unsupported(_) => io::Error::new(io::ErrorKind::Unsupported, e),
-        e => io::Error::new(io::ErrorKind::ConnectionAborted, e),
+        e => io::Error::new(io_kind(&e), e),
     }
 }
 
-/// A remembered error: `io::Error` is not `Clone`, so keep what is needed to make it again.
+/// The `io::ErrorKind` [`to_io_error`] gives `e`.
+fn io_kind(e: &TransportError) -> io::ErrorKind {
+    match e.original() {
+        TransportError::Io(e) => e.kind(),
+        TransportError::Closed => io::ErrorKind::BrokenPipe,
+        TransportError::Truncated { .. } => io::ErrorKind::UnexpectedEof,
+        TransportError::Malformed(_) | TransportError::MessageTooLarge { .. } => {
+            io::ErrorKind::InvalidData
+        }
+        TransportError::InvalidAddress { .. } => io::ErrorKind::InvalidInput,
+        TransportError::Unsupported(_) => io::ErrorKind::Unsupported,
+        _ => io::ErrorKind::ConnectionAborted,
+    }
+}
+
+/// How the peer broke the byte-stream protocol: the inner error of the [`io::Error`] a
+/// [`StreamReader`] returns then (`e.get_ref()` downcasts to it), the same at every later
+/// read.
+///
+/// ```
+/// # async fn demo(mut stream: impl tokio::io::AsyncRead + Unpin) {
+/// use tokio::io::AsyncReadExt;
+/// use transport_stream::ByteStreamError;
+///
+/// if let Err(e) = stream.read(&mut [0u8; 64]).await {
+///     match e.get_ref().and_then(|i| i.downcast_ref::<ByteStreamError>()) {
+///         Some(ByteStreamError::MissingEndOfStream) => eprintln!("peer died"),
+///         Some(other) => eprintln!("not a byte-stream peer: {other}"),
+///         None => eprintln!("transport error: {e}"),
+///     }
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ByteStreamError {
+    /// A message with a header a [`ByteStream`] never sends: the peer is not a `ByteStream`.
+    NotAByteStream {
+        /// The message's header.
+        header: HeaderBytes,
+    },
+    /// The connection ended cleanly but without the end-of-stream marker: the peer died or
+    /// dropped its stream without shutting it down (as TLS's missing close_notify).
+    MissingEndOfStream,
+}
+
+impl ByteStreamError {
+    /// `InvalidData` for a foreign message, `UnexpectedEof` for a missing end.
+    pub fn kind(&self) -> io::ErrorKind {
+        match self {
+            ByteStreamError::NotAByteStream { .. } => io::ErrorKind::InvalidData,
+            ByteStreamError::MissingEndOfStream => io::ErrorKind::UnexpectedEof,
+        }
+    }
+}
+
+impl std::fmt::Display for ByteStreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ByteStreamError::NotAByteStream { header } => write!(
+                f,
+                "not a byte-stream message (header {:02x?}): is the peer a ByteStream?",
+                header.as_slice()
+            ),
+            ByteStreamError::MissingEndOfStream => f.write_str(
+                "the peer's connection ended without an end-of-stream marker \
+                 (peer died or dropped the stream without shutting it down)",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ByteStreamError {}
+
+impl From<ByteStreamError> for io::Error {
+    fn from(e: ByteStreamError) -> io::Error {
+        io::Error::new(e.kind(), e)
+    }
+}
+
+/// What a half failed with, kept typed to report again (`io::Error` is not `Clone`).
 #[derive(Debug, Clone)]
-struct StickyError {
-    kind: io::ErrorKind,
-    message: Arc<str>,
+enum StickyError {
+    /// The transport failed: later calls report [`TransportError::Failed`] with this inside.
+    Transport(Arc<TransportError>),
+    /// The peer broke the byte-stream protocol: later calls report the same.
+    Protocol(ByteStreamError),
 }
 
 impl StickyError {
-    fn from_io(e: &io::Error) -> StickyError {
-        StickyError {
-            kind: e.kind(),
-            message: e.to_string().into(),
-        }
+    /// Keeps `e` (a copy: the caller gets `e` itself).
+    fn transport(e: &TransportError) -> StickyError {
+        StickyError::Transport(match e {
+            // Already a repeat: keep the first error, not a second layer.
+            TransportError::Failed(first) => first.clone(),
+            e => Arc::new(e.duplicate()),
+        })
     }
+
+    /// The error for a call after the failure: same kind, the first error inside.
     fn to_io(&self) -> io::Error {
-        io::Error::new(self.kind, self.message.to_string())
+        match self {
+            StickyError::Transport(first) => to_io_error(TransportError::Failed(first.clone())),
+            StickyError::Protocol(e) => e.clone().into(),
+        }
     }
 }
 
@@ -229,9 +342,10 @@ impl<S: MessageSender> StreamWriter<S> {
         self.buf.as_ref().map_or(0, |b| b.len())
     }
 
-    fn fail(&mut self, e: io::Error) -> io::Error {
-        self.error = Some(StickyError::from_io(&e));
-        e
+    /// Remembers the transport's error `e` and returns it as an `io::Error`.
+    fn fail(&mut self, e: TransportError) -> io::Error {
+        self.error = Some(StickyError::transport(&e));
+        to_io_error(e)
     }
 
     /// Drives the in-flight send. `Ready(Ok)` when the sender is idle.
@@ -248,7 +362,7 @@ impl<S: MessageSender> StreamWriter<S> {
         self.sender = Some(sender);
         match result {
             Ok(()) => Poll::Ready(Ok(())),
-            Err(e) => Poll::Ready(Err(self.fail(to_io_error(e)))),
+            Err(e) => Poll::Ready(Err(self.fail(e))),
         }
     }
 
@@ -467,9 +581,16 @@ impl<R: MessageReceiver> StreamReader<R> {
         &self.metrics
     }
 
-    fn fail(&mut self, e: io::Error) -> io::Error {
-        self.error = Some(StickyError::from_io(&e));
-        e
+    /// Remembers the transport's error `e` and returns it as an `io::Error`.
+    fn fail(&mut self, e: TransportError) -> io::Error {
+        self.error = Some(StickyError::transport(&e));
+        to_io_error(e)
+    }
+
+    /// Remembers the peer's protocol error `e` and returns it as an `io::Error`.
+    fn fail_protocol(&mut self, e: ByteStreamError) -> io::Error {
+        self.error = Some(StickyError::Protocol(e.clone()));
+        e.into()
     }
 
     /// Makes `current` non-empty, or reports EOF (`Ok(false)`) or an error.
@@ -504,24 +625,14 @@ impl<R: MessageReceiver> StreamReader<R> {
                 Ok(Some(msg)) if msg.header.is_empty() => self.current = msg.payload,
                 Ok(Some(msg)) if msg.header.as_slice() == EOS_HEADER => self.eof = true,
                 Ok(Some(msg)) => {
-                    let e = io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "not a byte-stream message (header {:02x?}): is the peer a ByteStream?",
-                            msg.header.as_slice()
-                        ),
-                    );
-                    return Poll::Ready(Err(self.fail(e)));
+                    let e = ByteStreamError::NotAByteStream { header: msg.header };
+                    return Poll::Ready(Err(self.fail_protocol(e)));
                 }
                 Ok(None) => {
-                    let e = io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "the peer's connection ended without an end-of-stream marker \
-                         (peer died or dropped the stream without shutting it down)",
-                    );
-                    return Poll::Ready(Err(self.fail(e)));
+                    let e = ByteStreamError::MissingEndOfStream;
+                    return Poll::Ready(Err(self.fail_protocol(e)));
                 }
-                Err(e) => return Poll::Ready(Err(self.fail(to_io_error(e)))),
+                Err(e) => return Poll::Ready(Err(self.fail(e))),
             }
         }
     }
@@ -777,6 +888,209 @@ mod tests {
         async fn accept(&mut self) -> Result<Self::Connection, TransportError> {
             tokio::task::yield_now().await;
             Err(TransportError::Io(io::Error::new(self.0, "accept failed")))
+        }
+    }
+
+    /// A receiver that answers from a script, then clean ends.
+    struct Scripted {
+        replies: std::collections::VecDeque<Result<Option<Message>, TransportError>>,
+        metrics: Arc<Metrics>,
+    }
+
+    impl Scripted {
+        fn new(replies: impl IntoIterator<Item = Result<Option<Message>, TransportError>>) -> Self {
+            Scripted {
+                replies: replies.into_iter().collect(),
+                metrics: Arc::default(),
+            }
+        }
+    }
+
+    impl MessageReceiver for Scripted {
+        async fn recv(&mut self) -> Result<Option<Message>, TransportError> {
+            self.replies.pop_front().unwrap_or(Ok(None))
+        }
+
+        fn metrics(&self) -> &Arc<Metrics> {
+            &self.metrics
+        }
+    }
+
+    /// A sender whose first send fails with `error`; later ones succeed (so a writer that
+    /// asked again would not see an error from it).
+    struct FailsOnce {
+        error: Option<TransportError>,
+        metrics: Arc<Metrics>,
+    }
+
+    impl MessageSender for FailsOnce {
+        async fn send(&mut self, _msg: Message) -> Result<(), TransportError> {
+            self.error.take().map_or(Ok(()), Err)
+        }
+
+        fn max_message_size(&self) -> usize {
+            1 << 20
+        }
+
+        async fn close(&mut self) -> Result<(), TransportError> {
+            Ok(())
+        }
+
+        fn metrics(&self) -> &Arc<Metrics> {
+            &self.metrics
+        }
+    }
+
+    /// The `TransportError` inside an `io::Error`, if there is one.
+    fn inner(e: &io::Error) -> Option<&TransportError> {
+        e.get_ref()?.downcast_ref::<TransportError>()
+    }
+
+    /// The first error's `TransportError`, reached from a later error through `source()`.
+    fn source_of(e: &io::Error) -> &TransportError {
+        use std::error::Error;
+        e.source()
+            .and_then(|s| s.downcast_ref::<TransportError>())
+            .expect("the first error is the source, typed")
+    }
+
+    async fn read_err<R: MessageReceiver>(r: &mut StreamReader<R>) -> io::Error {
+        use tokio::io::AsyncReadExt;
+        r.read(&mut [0u8; 16]).await.expect_err("the reader failed")
+    }
+
+    /// After the transport fails a read, later reads fail with the same kind and carry the
+    /// first error typed: `Failed(first)` inside, `first` as the source. The receiver is not
+    /// asked again (its next answer would be a clean end).
+    #[tokio::test]
+    async fn a_failed_reader_keeps_the_transport_error_typed() {
+        let cut = TransportError::Truncated {
+            received: 5,
+            expected: 100,
+        };
+        let mut r = StreamReader::new(Scripted::new([Err(cut)]));
+        let first = read_err(&mut r).await;
+        assert_eq!(first.kind(), io::ErrorKind::UnexpectedEof);
+        assert!(matches!(
+            inner(&first),
+            Some(TransportError::Truncated {
+                received: 5,
+                expected: 100
+            })
+        ));
+        for _ in 0..2 {
+            let again = read_err(&mut r).await;
+            assert_eq!(again.kind(), io::ErrorKind::UnexpectedEof);
+            assert!(matches!(inner(&again), Some(TransportError::Failed(_))));
+            assert!(matches!(
+                source_of(&again),
+                TransportError::Truncated {
+                    received: 5,
+                    expected: 100
+                }
+            ));
+            assert!(again.to_string().contains("failed earlier"), "{again}");
+        }
+    }
+
+    /// A receiver that already answers `Failed` is not wrapped a second time.
+    #[tokio::test]
+    async fn a_repeat_from_the_transport_is_not_wrapped_again() {
+        let first = Arc::new(TransportError::Malformed("bad magic"));
+        let mut r = StreamReader::new(Scripted::new([Err(TransportError::Failed(first))]));
+        let e = read_err(&mut r).await;
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        let again = read_err(&mut r).await;
+        assert!(matches!(
+            source_of(&again),
+            TransportError::Malformed("bad magic")
+        ));
+    }
+
+    /// After a send fails with an OS error, later writes fail with the same kind and the OS
+    /// error (its code) is still there, typed, behind `source()`.
+    #[tokio::test]
+    async fn a_failed_writer_keeps_the_os_error() {
+        use tokio::io::AsyncWriteExt;
+        const EPIPE: i32 = 32;
+        let sender = FailsOnce {
+            error: Some(TransportError::Io(io::Error::from_raw_os_error(EPIPE))),
+            metrics: Arc::default(),
+        };
+        let mut w = StreamWriter::new(sender, &ByteStreamConfig { chunk_size: 4 });
+        let first = match w.write_all(b"four").await {
+            Err(e) => e,
+            Ok(()) => w.flush().await.expect_err("the send failed"),
+        };
+        assert_eq!(first.raw_os_error(), Some(EPIPE));
+        for again in [
+            w.write_all(b"more").await.unwrap_err(),
+            w.flush().await.unwrap_err(),
+            w.write_chunk(Bytes::from_static(b"x")).await.unwrap_err(),
+        ] {
+            assert_eq!(again.kind(), first.kind());
+            match source_of(&again) {
+                TransportError::Io(e) => assert_eq!(e.raw_os_error(), Some(EPIPE)),
+                other => panic!("expected the first I/O error, got {other:?}"),
+            }
+        }
+    }
+
+    /// A peer that is not a `ByteStream`, or that ends without the marker, is a typed
+    /// `ByteStreamError`, the same at every later read.
+    #[tokio::test]
+    async fn protocol_errors_are_typed_and_repeat() {
+        let foreign = Message::new(HeaderBytes::from([7u8, 7]), Bytes::from_static(b"rpc"));
+        let cases = [
+            (
+                Ok(Some(foreign)),
+                ByteStreamError::NotAByteStream {
+                    header: HeaderBytes::from([7u8, 7]),
+                },
+            ),
+            (Ok(None), ByteStreamError::MissingEndOfStream),
+        ];
+        for (reply, expected) in cases {
+            let mut r = StreamReader::new(Scripted::new([reply]));
+            for _ in 0..2 {
+                let e = read_err(&mut r).await;
+                assert_eq!(e.kind(), expected.kind());
+                let got = e
+                    .get_ref()
+                    .and_then(|i| i.downcast_ref::<ByteStreamError>());
+                assert_eq!(got, Some(&expected));
+            }
+        }
+    }
+
+    /// `to_io_error` keeps each variant inside, with the kinds it always had; `Failed` takes
+    /// its first error's kind.
+    #[test]
+    fn io_kinds_follow_the_first_error() {
+        let cases = [
+            (TransportError::Closed, io::ErrorKind::BrokenPipe),
+            (TransportError::Malformed("x"), io::ErrorKind::InvalidData),
+            (TransportError::Unsupported("x"), io::ErrorKind::Unsupported),
+            (
+                TransportError::Stalled {
+                    received: 0,
+                    expected: 0,
+                    after: std::time::Duration::ZERO,
+                },
+                io::ErrorKind::ConnectionAborted,
+            ),
+            (
+                TransportError::Failed(Arc::new(TransportError::Io(io::Error::from(
+                    io::ErrorKind::ConnectionReset,
+                )))),
+                io::ErrorKind::ConnectionReset,
+            ),
+        ];
+        for (e, kind) in cases {
+            let shown = e.to_string();
+            let io = to_io_error(e);
+            assert_eq!(io.kind(), kind, "{shown}");
+            assert_eq!(inner(&io).map(|t| t.to_string()), Some(shown));
         }
     }
 

@@ -8,7 +8,7 @@ use std::io;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use transport_core::conformance::{pattern, Backend, PROMPT};
 use transport_core::{Connection, HeaderBytes, Message, MessageSender, Transport};
-use transport_stream::{ByteStream, ByteStreamConfig, StreamListener};
+use transport_stream::{ByteStream, ByteStreamConfig, ByteStreamError, StreamListener};
 
 const MIB: usize = 1 << 20;
 const MAX_MESSAGE: usize = 64 * MIB;
@@ -148,6 +148,10 @@ async fn peer_death_fails_reader<B: Backend>(b: &B) {
         "unexpected error kind {:?}: {e}",
         e.kind()
     );
+    // The reader stays failed, and a later read still says why.
+    let again = client.read(&mut [0u8; 8]).await.expect_err("stays failed");
+    assert_eq!(again.kind(), e.kind());
+    assert!(again.to_string().contains(&e.to_string()), "{again} / {e}");
 }
 
 /// Sockets: a writer whose peer dropped its stream (unread data and all) gets an error instead
@@ -321,7 +325,8 @@ async fn buf_read_lines<B: Backend>(b: &B) {
     assert_eq!(got, ["alpha", "beta", "gamma"]);
 }
 
-/// A peer that is not a byte stream (a message with an unknown header) is `InvalidData`.
+/// A peer that is not a byte stream (a message with an unknown header) is `InvalidData`, a typed
+/// [`ByteStreamError`] carrying the header, and the reader stays failed with the same error.
 async fn foreign_message_is_invalid_data<B: Backend>(b: &B) {
     let t = b.transport(MAX_MESSAGE);
     let mut listener = StreamListener::bind(&t, &b.listen_addr(), ByteStreamConfig::default())
@@ -337,8 +342,17 @@ async fn foreign_message_is_invalid_data<B: Backend>(b: &B) {
     ))
     .await
     .unwrap();
-    let e = server.read(&mut [0u8; 16]).await.unwrap_err();
-    assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+    let expected = ByteStreamError::NotAByteStream {
+        header: HeaderBytes::from([1u8, 2, 3]),
+    };
+    for _ in 0..2 {
+        let e = server.read(&mut [0u8; 16]).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        let typed = e
+            .get_ref()
+            .and_then(|i| i.downcast_ref::<ByteStreamError>());
+        assert_eq!(typed, Some(&expected));
+    }
 }
 
 macro_rules! stream_tests {
