@@ -66,11 +66,12 @@ mod sys;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use measure::Op;
+use measure::{Op, Peer};
 use report::{Placement, Report, Unavailable};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 use suite::{OsBaseline, Settings};
 use transport_core::{Listener, Transport};
@@ -409,15 +410,18 @@ fn placement(pin: Pin, mode: &str) -> Placement {
 }
 
 /// Starts a bench server for `transport` at `addr` on its own pinned thread; returns the
-/// address it listens on.
+/// address it listens on and the server's connection counters (for its side of the copies).
 fn spawn_server<T: Transport + Clone>(
     transport: T,
     addr: T::Addr,
     core: Option<usize>,
-) -> Result<T::Addr, String> {
-    spawn_server_with(transport, addr, core, |l| async move {
-        let _ = proto::serve(l).await;
-    })
+) -> Result<(T::Addr, Arc<proto::ServerCounters>), String> {
+    let counters = Arc::new(proto::ServerCounters::default());
+    let served = counters.clone();
+    let addr = spawn_server_with(transport, addr, core, |l| async move {
+        let _ = proto::serve(l, served).await;
+    })?;
+    Ok((addr, counters))
 }
 
 /// Like [`spawn_server`] with another server loop (`serve` gets the listener).
@@ -527,6 +531,27 @@ fn verbs_here() -> Result<(VerbsTransport, SocketAddr), String> {
     Ok((verbs, SocketAddr::new(ip, 0)))
 }
 
+/// Local mode on a socket transport: starts the in-process bench server of `transport` at
+/// `addr` and the OS baseline server at `os`; runs the suite against them. Both servers stop
+/// when the run ends.
+fn run_local<T: Transport + Clone>(
+    transport: T,
+    addr: T::Addr,
+    os: os::Target,
+    place: &Placement,
+    settings: &Settings,
+    progress: &ProgressBar,
+) -> Result<suite::TransportReport, String> {
+    let (addr, counters) = spawn_server(transport.clone(), addr, place.server_core)?;
+    let peer = Peer {
+        transport: &transport,
+        addr: &addr,
+        counters: Some(&counters),
+    };
+    let os = os::Server::start(os, place.server_core)?;
+    suite::run(&peer, OsBaseline::Measure(os.target()), settings, progress)
+}
+
 fn local(args: &RunArgs) -> Result<(), String> {
     let started = Instant::now();
     let place = placement(args.pin, "local");
@@ -546,33 +571,42 @@ fn local(args: &RunArgs) -> Result<(), String> {
             TransportName::Uds => {
                 // Removed (with the socket) when the run on uds ends, error or not.
                 let (dir, path) = local_socket()?;
-                let uds = UdsTransport::default();
-                let addr = spawn_server(uds.clone(), UdsAddr(path), place.server_core)?;
-                let os = os::Server::start(
-                    os::Target::Uds(dir.path().join("os.sock")),
-                    place.server_core,
-                )?;
-                let baseline = OsBaseline::Measure(os.target());
-                let r = suite::run(&uds, &addr, baseline, &settings, &progress);
-                drop(os);
+                let os = os::Target::Uds(dir.path().join("os.sock"));
+                let r = run_local(
+                    UdsTransport::default(),
+                    UdsAddr(path),
+                    os,
+                    &place,
+                    &settings,
+                    &progress,
+                );
                 drop(dir);
                 transports.push(r?);
             }
             TransportName::Tcp => {
-                let tcp = TcpTransport::default();
                 let loopback: SocketAddr = "127.0.0.1:0".parse().expect("valid");
-                let addr = spawn_server(tcp.clone(), loopback, place.server_core)?;
-                let os = os::Server::start(os::Target::Tcp(loopback), place.server_core)?;
-                let baseline = OsBaseline::Measure(os.target());
-                transports.push(suite::run(&tcp, &addr, baseline, &settings, &progress)?);
+                let os = os::Target::Tcp(loopback);
+                transports.push(run_local(
+                    TcpTransport::default(),
+                    loopback,
+                    os,
+                    &place,
+                    &settings,
+                    &progress,
+                )?);
             }
             TransportName::Verbs => match verbs_here() {
                 Ok((verbs, addr)) => {
                     let link = link::Server::start(&verbs, addr, place.server_core)?;
-                    let addr = spawn_server(verbs.clone(), addr, place.server_core)?;
+                    let (addr, counters) = spawn_server(verbs.clone(), addr, place.server_core)?;
+                    let peer = Peer {
+                        transport: &verbs,
+                        addr: &addr,
+                        counters: Some(&counters),
+                    };
                     let baseline = OsBaseline::Link(link.target());
                     let peak = VerbsMemorySampler::start(verbs.clone());
-                    let mut r = suite::run(&verbs, &addr, baseline, &settings, &progress)?;
+                    let mut r = suite::run(&peer, baseline, &settings, &progress)?;
                     r.notes = verbs_notes(&verbs, peak.stop());
                     transports.push(r);
                 }
@@ -674,10 +708,14 @@ impl Shutdown {
     }
 }
 
-/// Serves `listener` if there is one; otherwise never returns.
-async fn serve_if<L: Listener>(listener: Option<L>) -> Result<(), transport_core::TransportError> {
+/// Serves `listener` if there is one, counting its connections in `counters`; otherwise
+/// never returns.
+async fn serve_if<L: Listener>(
+    listener: Option<L>,
+    counters: Arc<proto::ServerCounters>,
+) -> Result<(), transport_core::TransportError> {
     match listener {
-        Some(l) => proto::serve(l).await,
+        Some(l) => proto::serve(l, counters).await,
         None => std::future::pending().await,
     }
 }
@@ -740,12 +778,15 @@ fn server(a: &ServerArgs) -> Result<(), String> {
             Some((l, link)) => (Some(l), Some(link)),
             None => (None, None),
         };
+        // One server on every listener: its connections are counted together (nobody in
+        // this process reads the counts; a client reads its own).
+        let counters = Arc::new(proto::ServerCounters::default());
         // The listeners live in these futures: the first signal drops them, which closes
         // them and removes the Unix socket file.
         tokio::select! {
-            r = proto::serve(tcp) => r.map_err(|e| e.to_string()),
-            r = serve_if(uds) => r.map_err(|e| e.to_string()),
-            r = serve_if(verbs) => r.map_err(|e| e.to_string()),
+            r = proto::serve(tcp, counters.clone()) => r.map_err(|e| e.to_string()),
+            r = serve_if(uds, counters.clone()) => r.map_err(|e| e.to_string()),
+            r = serve_if(verbs, counters) => r.map_err(|e| e.to_string()),
             name = shutdown.recv() => {
                 eprintln!("bench server: {name}, shutting down");
                 Ok(())
@@ -834,11 +875,18 @@ fn client(host: &str, transport: Option<RemoteTransport>, args: &RunArgs) -> Res
     let settings = args.settings(place.client_core);
     let progress = args.progress(settings.jobs(false));
     let remote = || OsBaseline::Skip(REMOTE_NO_OS.into());
+    // The server is another process: its counters are not ours to read.
+    fn peer<'a, T: Transport>(transport: &'a T, addr: &'a T::Addr) -> Peer<'a, T> {
+        Peer {
+            transport,
+            addr,
+            counters: None,
+        }
+    }
     let (r, at) = match &remote_at {
         Remote::Uds(path) => (
             suite::run(
-                &UdsTransport::default(),
-                &UdsAddr(path.clone()),
+                &peer(&UdsTransport::default(), &UdsAddr(path.clone())),
                 remote(),
                 &settings,
                 &progress,
@@ -850,14 +898,18 @@ fn client(host: &str, transport: Option<RemoteTransport>, args: &RunArgs) -> Res
             // `bench server --verbs` serves the link figures one port up.
             let limit = link::Target::at(&v, link::link_addr(*addr));
             (
-                suite::run(&v, addr, OsBaseline::Link(&limit), &settings, &progress),
+                suite::run(
+                    &peer(&v, addr),
+                    OsBaseline::Link(&limit),
+                    &settings,
+                    &progress,
+                ),
                 addr.to_string(),
             )
         }
         Remote::Ip(_, addr) => (
             suite::run(
-                &TcpTransport::default(),
-                addr,
+                &peer(&TcpTransport::default(), addr),
                 remote(),
                 &settings,
                 &progress,

@@ -1,7 +1,7 @@
 //! One measurement: `threads` client threads, each with its own connection and its own
 //! single-threaded runtime, running one operation raw or through RPC.
 
-use crate::proto::{self, method, Presplit};
+use crate::proto::{self, method, Presplit, ServerCounters};
 use crate::sys;
 use bytes::Bytes;
 use futures_util::stream::{self, StreamExt};
@@ -41,6 +41,17 @@ impl Op {
             Op::Echo => "echo",
         }
     }
+}
+
+/// The bench server a measurement runs against.
+pub struct Peer<'a, T: Transport> {
+    /// The transport to reach it with.
+    pub transport: &'a T,
+    /// Where it listens.
+    pub addr: &'a T::Addr,
+    /// Its connection counters when it runs in this process (local mode): their difference
+    /// over a measurement is the server's side of it. `None` when it runs elsewhere.
+    pub counters: Option<&'a ServerCounters>,
 }
 
 /// Raw backend connection or RPC over it.
@@ -85,8 +96,8 @@ pub struct Outcome {
     pub latency: Option<Histogram<u64>>,
     /// Client-side connection counters over the measurement (all threads).
     pub metrics: MetricsSnapshot,
-    /// The in-process bench server's counters over the measurement (local mode; zero when
-    /// the server is another process).
+    /// The in-process bench server's counters over the measurement (local mode, from
+    /// [`Peer::counters`]; zero when the server is another process).
     pub server_metrics: MetricsSnapshot,
     /// CPU time (user + system) of this process over the measurement.
     pub cpu: Duration,
@@ -118,18 +129,23 @@ struct ThreadResult {
     metrics: MetricsSnapshot,
 }
 
-/// Runs `job` against the bench server at `addr`.
-pub fn run<T>(transport: &T, addr: &T::Addr, job: Job) -> Result<Outcome, String>
+/// Runs `job` against the bench server `peer`.
+pub fn run<T>(peer: &Peer<'_, T>, job: Job) -> Result<Outcome, String>
 where
     T: Transport + Clone,
 {
+    let server_totals = || {
+        peer.counters
+            .map(ServerCounters::totals)
+            .unwrap_or_default()
+    };
     let threads = job.threads.max(1);
     let barrier = Arc::new(Barrier::new(threads + 1));
     let mut handles = Vec::with_capacity(threads);
     for i in 0..threads {
         let share = job.count / threads as u64 + u64::from((i as u64) < job.count % threads as u64);
-        let transport = transport.clone();
-        let addr = addr.clone();
+        let transport = peer.transport.clone();
+        let addr = peer.addr.clone();
         let barrier = barrier.clone();
         handles.push(std::thread::spawn(
             move || -> Result<ThreadResult, String> {
@@ -157,7 +173,7 @@ where
     }
     barrier.wait();
     let before = sys::usage();
-    let server_before = proto::server_totals();
+    let server_before = server_totals();
     let mut results = Vec::with_capacity(threads);
     let mut first_err = None;
     for h in handles {
@@ -172,7 +188,7 @@ where
         }
     }
     let used = sys::usage() - before;
-    let server_metrics = proto::server_totals() - server_before;
+    let server_metrics = server_totals() - server_before;
     if let Some(e) = first_err {
         return Err(e);
     }

@@ -28,54 +28,68 @@
 //!   message; RPC calls in flight are bounded by the [`RpcServer`]'s configuration.
 
 use bytes::{Buf, Bytes};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 use transport_core::rpc::{Request, RpcServer, ServerConfig, Status};
 use transport_core::{
     Capabilities, Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender,
     Metrics, MetricsSnapshot, TransportError,
 };
 
-/// Counters of the connections this process's bench server has served.
+/// The counters of every connection one bench server has served: created with the server
+/// and shared (through an `Arc`) by its connection tasks and by whoever reads its totals (the
+/// measurements of local mode).
 #[derive(Default)]
-struct ServerCounters {
+pub struct ServerCounters {
+    state: Mutex<CounterState>,
+}
+
+#[derive(Default)]
+struct CounterState {
+    /// The counters of the connections being served.
     live: Vec<Arc<Metrics>>,
     /// Final counts of the connections that ended.
     ended: MetricsSnapshot,
 }
 
-static SERVER_COUNTERS: LazyLock<Mutex<ServerCounters>> = LazyLock::new(Default::default);
+impl ServerCounters {
+    fn state(&self) -> std::sync::MutexGuard<'_, CounterState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
 
-fn server_counters() -> std::sync::MutexGuard<'static, ServerCounters> {
-    SERVER_COUNTERS.lock().unwrap_or_else(|p| p.into_inner())
+    /// The sum of the counters of every connection this server has served. In local mode the
+    /// difference over a measurement is the server's side of it: copies made while receiving
+    /// requests happen there.
+    pub fn totals(&self) -> MetricsSnapshot {
+        let c = self.state();
+        let mut total = c.ended;
+        for m in &c.live {
+            total.accumulate(&m.snapshot());
+        }
+        total
+    }
+
+    /// Counts `metrics` as a live connection until the returned guard is dropped.
+    fn register(self: &Arc<Self>, metrics: Arc<Metrics>) -> Counted {
+        self.state().live.push(metrics.clone());
+        Counted {
+            counters: self.clone(),
+            metrics,
+        }
+    }
 }
 
-/// The sum of the counters of every connection the bench server in this process has served
-/// (zero when the server runs elsewhere). In local mode the difference over a measurement is
-/// the server's side of it: copies made while receiving requests happen there.
-pub fn server_totals() -> MetricsSnapshot {
-    let c = server_counters();
-    let mut total = c.ended;
-    for m in &c.live {
-        total.accumulate(&m.snapshot());
-    }
-    total
-}
-
-/// A served connection's entry in [`SERVER_COUNTERS`]; folded into the ended total on drop.
-struct Counted(Arc<Metrics>);
-
-impl Counted {
-    fn register(metrics: Arc<Metrics>) -> Counted {
-        server_counters().live.push(metrics.clone());
-        Counted(metrics)
-    }
+/// A served connection's entry in its server's [`ServerCounters`]; folded into the ended
+/// total on drop.
+struct Counted {
+    counters: Arc<ServerCounters>,
+    metrics: Arc<Metrics>,
 }
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        let mut c = server_counters();
-        c.live.retain(|m| !Arc::ptr_eq(m, &self.0));
-        c.ended.accumulate(&self.0.snapshot());
+        let mut c = self.counters.state();
+        c.live.retain(|m| !Arc::ptr_eq(m, &self.metrics));
+        c.ended.accumulate(&self.metrics.snapshot());
     }
 }
 
@@ -268,8 +282,12 @@ fn rpc_server(pool: Bytes) -> RpcServer<impl transport_core::rpc::Handler> {
     )
 }
 
-/// Serves bench connections from `listener` until the process ends.
-pub async fn serve<L: Listener>(mut listener: L) -> Result<(), TransportError> {
+/// Serves bench connections from `listener` until the process ends, counting each one in
+/// `counters` while it is served.
+pub async fn serve<L: Listener>(
+    mut listener: L,
+    counters: Arc<ServerCounters>,
+) -> Result<(), TransportError> {
     let pool = payload_pool();
     let rpc = rpc_server(pool.clone());
     loop {
@@ -283,7 +301,9 @@ pub async fn serve<L: Listener>(mut listener: L) -> Result<(), TransportError> {
         };
         let rpc = rpc.clone();
         let pool = pool.clone();
+        let counted = counters.register(conn.metrics());
         tokio::spawn(async move {
+            let _counted = counted;
             if let Err(e) = serve_connection(conn, rpc, pool).await {
                 tracing_free_log(&e);
             }
@@ -305,7 +325,6 @@ async fn serve_connection<C: Connection>(
 ) -> Result<(), TransportError> {
     let caps = conn.capabilities();
     let metrics = conn.metrics();
-    let _counted = Counted::register(metrics.clone());
     let peer = conn.peer();
     let (mut tx, mut rx) = conn.split();
     let Some(first) = rx.recv().await? else {
@@ -398,7 +417,7 @@ mod tests {
             .await
             .unwrap();
         let addr = l.local_addr().unwrap();
-        tokio::spawn(serve(l));
+        tokio::spawn(serve(l, Arc::default()));
         addr
     }
 
@@ -559,18 +578,72 @@ mod tests {
     /// Server totals add up live connections and keep what ended connections counted.
     #[test]
     fn server_totals_count_live_and_ended_connections() {
-        let before = server_totals();
+        let counters = Arc::new(ServerCounters::default());
         let m = Arc::new(Metrics::default());
-        let counted = Counted::register(m.clone());
+        let counted = counters.register(m.clone());
         m.payload_bytes_copied.add(100);
-        assert_eq!((server_totals() - before).payload_bytes_copied, 100);
+        assert_eq!(counters.totals().payload_bytes_copied, 100);
         drop(counted);
-        assert_eq!((server_totals() - before).payload_bytes_copied, 100);
+        assert_eq!(counters.totals().payload_bytes_copied, 100);
         m.payload_bytes_copied.add(5);
         assert_eq!(
-            (server_totals() - before).payload_bytes_copied,
+            counters.totals().payload_bytes_copied,
             100,
             "an ended connection is no longer read"
+        );
+    }
+
+    /// Each server counts only the connections it serves: two servers in one process (local
+    /// mode runs one per transport) do not see each other's.
+    #[tokio::test]
+    async fn each_server_counts_only_its_own_connections() {
+        let listen = || async {
+            TcpTransport::default()
+                .listen(&"127.0.0.1:0".parse().unwrap())
+                .await
+                .unwrap()
+        };
+        let (a, b) = (listen().await, listen().await);
+        let addr = a.local_addr().unwrap();
+        let (ours, theirs) = (Arc::<ServerCounters>::default(), Arc::default());
+        tokio::spawn(serve(a, ours.clone()));
+        tokio::spawn(serve(b, Arc::clone(&theirs)));
+        let payload = Bytes::from(vec![1u8; 4096]);
+        let (got, closed) = {
+            let conn = TcpTransport::default().connect(&addr).await.unwrap();
+            let (mut tx, mut rx) = conn.split();
+            tx.send(Message::new(
+                HeaderBytes::new(MODE_ECHO).unwrap(),
+                Bytes::new(),
+            ))
+            .await
+            .unwrap();
+            tx.send(Message::new(HeaderBytes::EMPTY, payload.clone()))
+                .await
+                .unwrap();
+            let got = tokio::time::timeout(BOUND, rx.recv())
+                .await
+                .expect("bounded");
+            tx.close().await.unwrap();
+            let closed = tokio::time::timeout(BOUND, rx.recv())
+                .await
+                .expect("bounded");
+            (got, closed)
+        };
+        assert_eq!(got.unwrap().unwrap().payload, payload);
+        assert!(
+            matches!(closed, Ok(None) | Err(_)),
+            "the server closed its side"
+        );
+        let served = ours.totals();
+        assert!(
+            served.bytes_received >= payload.len() as u64,
+            "the serving server counted the echo: {served:?}"
+        );
+        assert_eq!(
+            theirs.totals(),
+            MetricsSnapshot::default(),
+            "the other server served nothing"
         );
     }
 }

@@ -1,7 +1,7 @@
 //! A whole comparison on one transport: pings, then every (threads, size, op) cell, the OS
 //! baseline (when there is one), raw and RPC interleaved, repeated; then the statistics.
 
-use crate::measure::{self, CostFigures, Job, Layer, Op, Outcome};
+use crate::measure::{self, CostFigures, Job, Layer, Op, Outcome, Peer};
 use crate::os;
 use indicatif::ProgressBar;
 use serde::Serialize;
@@ -318,10 +318,9 @@ enum Limit<'a> {
     Link(&'a crate::link::Target),
 }
 
-/// Runs the suite against the bench server at `addr` (and the OS baseline server, if any).
+/// Runs the suite against the bench server `peer` (and the OS baseline server, if any).
 pub fn run<T: Transport + Clone>(
-    transport: &T,
-    addr: &T::Addr,
+    peer: &Peer<'_, T>,
     os_baseline: OsBaseline<'_>,
     s: &Settings,
     progress: &ProgressBar,
@@ -331,7 +330,7 @@ pub fn run<T: Transport + Clone>(
         OsBaseline::Link(t) => Some(Limit::Link(t)),
         OsBaseline::Skip(_) => None,
     };
-    let name = transport.capabilities().name.to_string();
+    let name = peer.transport.capabilities().name.to_string();
     let job = |op, layer, size, count, threads| Job {
         op,
         layer,
@@ -350,8 +349,8 @@ pub fn run<T: Transport + Clone>(
             (None, _) => Err("the OS baseline is not measured here".to_string()),
             (Some(_), op) => Err(format!("the OS baseline has no {} test", op.name())),
         },
-        Side::Raw => measure::run(transport, addr, job(op, Layer::Raw, size, count, threads)),
-        Side::Rpc => measure::run(transport, addr, job(op, Layer::Rpc, size, count, threads)),
+        Side::Raw => measure::run(peer, job(op, Layer::Raw, size, count, threads)),
+        Side::Rpc => measure::run(peer, job(op, Layer::Rpc, size, count, threads)),
     };
     let repeat = s.repeat.max(1);
     // The pings of a repetition are measured in chunks, the sides alternating as
