@@ -33,11 +33,19 @@
 //! and RPC: the pings in chunks os, raw, rpc, rpc, raw, os, and each stream back to back with
 //! its cell's raw and RPC runs. JSON: `ping.os`, `ping.raw_os_latency_ratio`,
 //! `ping.rpc_os_latency_ratio`, `cells[].os`, `cells[].raw_os_utilization`,
-//! `cells[].rpc_os_utilization` (null where not measured) and `os_baseline` per transport
-//! (what was measured, or why not). `bench client` has no OS baseline for uds and tcp (it would
+//! `cells[].rpc_os_utilization` (null where not measured), and per transport
+//! `os_baseline_kind` (`sockets`, `link` or `not_measured`) with `os_baseline` (what was
+//! measured, or why not). `bench client` has no OS baseline for uds and tcp (it would
 //! need a server of its own on the remote host). For verbs the os columns hold the link
 //! (module `link`: a busy-polled SEND ping-pong and an RDMA READ stream through
 //! `transport_verbs::link`), locally and against `bench server --verbs` (one port up).
+//!
+//! ## RPC alone (`--only rpc`)
+//!
+//! `bench --only rpc` and `bench client HOST --only rpc` measure the RPC path alone: no raw
+//! connection and no os (or link) baseline is measured, the tables leave those columns out
+//! and say so, there is no diagnosis (it sets RPC against raw), and the JSON has `null` where
+//! raw and os figures and their ratios would be (`settings.layers` is `["rpc"]`).
 //!
 //! ## `bench server`
 //!
@@ -66,7 +74,7 @@ mod sys;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use measure::{Op, Peer};
+use measure::{Layer, Op, Peer};
 use report::{Placement, Report, Unavailable};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -143,6 +151,13 @@ enum Pin {
     None,
 }
 
+/// What `--only` restricts a run to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Only {
+    /// The RPC path alone: no raw backend connection, no os or link baseline.
+    Rpc,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum RemoteTransport {
     Uds,
@@ -172,6 +187,10 @@ struct RunArgs {
     /// latency row.
     #[arg(long, value_delimiter = ',', value_enum)]
     ops: Option<Vec<Op>>,
+    /// Measure only this path: `rpc` measures RPC alone, without the raw connection and the
+    /// os (or link) baseline; the tables and the JSON say those were not measured.
+    #[arg(long, value_enum, value_name = "PATH")]
+    only: Option<Only>,
     /// Round trips for the latency row, raw and RPC each (split over the repetitions).
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
     pings: u64,
@@ -307,10 +326,15 @@ impl RunArgs {
             .map(|v| v.into_iter().filter(|&o| o != Op::Ping).collect())
             .unwrap_or_else(|| vec![Op::Send, Op::Oneway, Op::Recv, Op::Echo]);
         let ping = self.ops.as_ref().is_none_or(|v| v.contains(&Op::Ping));
+        let layers = match self.only {
+            Some(Only::Rpc) => vec![Layer::Rpc],
+            None => vec![Layer::Raw, Layer::Rpc],
+        };
         Settings {
             sizes,
             threads,
             ops,
+            layers,
             ping,
             pings: self.pings,
             repeat: self.repeat as usize,
@@ -532,8 +556,8 @@ fn verbs_here() -> Result<(VerbsTransport, SocketAddr), String> {
 }
 
 /// Local mode on a socket transport: starts the in-process bench server of `transport` at
-/// `addr` and the OS baseline server at `os`; runs the suite against them. Both servers stop
-/// when the run ends.
+/// `addr` and, unless `--only rpc`, the OS baseline server at `os`; runs the suite against
+/// them. Both servers stop when the run ends.
 fn run_local<T: Transport + Clone>(
     transport: T,
     addr: T::Addr,
@@ -548,8 +572,16 @@ fn run_local<T: Transport + Clone>(
         addr: &addr,
         counters: Some(&counters),
     };
+    if !settings.raw() {
+        return suite::run(&peer, rpc_only(), settings, progress);
+    }
     let os = os::Server::start(os, place.server_core)?;
     suite::run(&peer, OsBaseline::Measure(os.target()), settings, progress)
+}
+
+/// The os baseline of an `--only rpc` run: not measured, and its servers not started.
+fn rpc_only() -> OsBaseline<'static> {
+    OsBaseline::Skip(suite::ONLY_RPC.into())
 }
 
 fn local(args: &RunArgs) -> Result<(), String> {
@@ -597,14 +629,21 @@ fn local(args: &RunArgs) -> Result<(), String> {
             }
             TransportName::Verbs => match verbs_here() {
                 Ok((verbs, addr)) => {
-                    let link = link::Server::start(&verbs, addr, place.server_core)?;
+                    let link = if settings.raw() {
+                        Some(link::Server::start(&verbs, addr, place.server_core)?)
+                    } else {
+                        None
+                    };
                     let (addr, counters) = spawn_server(verbs.clone(), addr, place.server_core)?;
                     let peer = Peer {
                         transport: &verbs,
                         addr: &addr,
                         counters: Some(&counters),
                     };
-                    let baseline = OsBaseline::Link(link.target());
+                    let baseline = match &link {
+                        Some(l) => OsBaseline::Link(l.target()),
+                        None => rpc_only(),
+                    };
                     let peak = VerbsMemorySampler::start(verbs.clone());
                     let mut r = suite::run(&peer, baseline, &settings, &progress)?;
                     r.notes = verbs_notes(&verbs, peak.stop());

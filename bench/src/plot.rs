@@ -595,9 +595,10 @@ fn main_figure(report: &Report) -> Result<Figure, String> {
     sizes.dedup();
     let mbit_max = of_op()
         .flat_map(|c| {
-            [c.raw.mbit_s.median, c.rpc.mbit_s.median]
+            [c.raw.as_ref(), Some(&c.rpc), c.os.as_ref()]
                 .into_iter()
-                .chain(c.os.as_ref().map(|f| f.mbit_s.median))
+                .flatten()
+                .map(|f| f.mbit_s.median)
         })
         .fold(1.0, f64::max)
         * 1.1;
@@ -616,17 +617,13 @@ fn main_figure(report: &Report) -> Result<Figure, String> {
                 continue;
             }
             cells.sort_by_key(|c| c.size);
-            let base = if t.os_baseline.starts_with("link") {
-                "link"
-            } else {
-                "os"
-            };
+            let base = t.os_baseline.kind.column();
             let raw = format!("raw {}", cells[0].raw_op.name());
             let rpc = format!("rpc {}", op.name());
             type Value = fn(&Cell) -> Option<f64>;
             let lines: [(bool, String, Line, Marker, Value); 6] = [
                 (false, raw, Line::Dashed, Marker::Ring, |c| {
-                    Some(c.raw.mbit_s.median)
+                    c.raw.as_ref().map(|f| f.mbit_s.median)
                 }),
                 (false, rpc, Line::Solid, Marker::Dot, |c| {
                     Some(c.rpc.mbit_s.median)
@@ -635,7 +632,7 @@ fn main_figure(report: &Report) -> Result<Figure, String> {
                     c.os.as_ref().map(|f| f.mbit_s.median)
                 }),
                 (true, "rpc/raw".into(), Line::Solid, Marker::Dot, |c| {
-                    Some(c.utilization)
+                    c.utilization
                 }),
                 (
                     true,
@@ -683,20 +680,21 @@ fn main_figure(report: &Report) -> Result<Figure, String> {
             measured: sizes.clone(),
         };
         let x_desc = "message size (bytes; K = 1024, M = 1048576)".to_string();
-        rows.push(vec![
-            Panel {
-                title: format!("{} payload Mbit/s, {clients}", op.name()),
-                legend_title: Some(format!("Mbit/s ({})", op.name())),
-                x: x.clone(),
-                x_desc: x_desc.clone(),
-                y_desc: "Mbit/s".into(),
-                y_format: YFormat::Number,
-                y_max: Some(mbit_max),
-                reference: None,
-                weight: 3,
-                series: mbit,
-            },
-            Panel {
+        let mut row = vec![Panel {
+            title: format!("{} payload Mbit/s, {clients}", op.name()),
+            legend_title: Some(format!("Mbit/s ({})", op.name())),
+            x: x.clone(),
+            x_desc: x_desc.clone(),
+            y_desc: "Mbit/s".into(),
+            y_format: YFormat::Number,
+            y_max: Some(mbit_max),
+            reference: None,
+            weight: 3,
+            series: mbit,
+        }];
+        // No utilization panel without raw or os figures (`--only rpc`): nothing to divide.
+        if !util.is_empty() {
+            row.push(Panel {
                 title: format!("utilization, {clients}"),
                 legend_title: Some("utilization".into()),
                 x,
@@ -707,15 +705,21 @@ fn main_figure(report: &Report) -> Result<Figure, String> {
                 reference: Some(1.0),
                 weight: 2,
                 series: util,
-            },
-        ]);
+            });
+        }
+        rows.push(row);
     }
     let cores = |c: Option<usize>| c.map_or("-".to_string(), |c| c.to_string());
     Ok(Figure {
         caption: format!(
-            "bench {}: {} Mbit/s and utilization vs message size per client thread count; window {}, CPUs client {} / server {}",
+            "bench {}: {} Mbit/s {} vs message size per client thread count; window {}, CPUs client {} / server {}",
             report.placement.mode,
             op.name(),
+            if report.settings.raw() {
+                "and utilization"
+            } else {
+                "of RPC alone (--only rpc)"
+            },
             report.settings.window,
             cores(report.placement.client_core),
             cores(report.placement.server_core),
@@ -768,7 +772,7 @@ pub(crate) mod tests {
                     let mut c = send.clone();
                     let scale = threads as f64 * size as f64 / 1e6;
                     (c.size, c.threads) = (size, threads);
-                    (c.raw, c.rpc) = (fig(3000.0 * scale), fig(2000.0 * scale));
+                    (c.raw, c.rpc) = (Some(fig(3000.0 * scale)), fig(2000.0 * scale));
                     if threads > 1 {
                         (c.os, c.raw_os_utilization, c.rpc_os_utilization) = (None, None, None);
                     }
@@ -833,7 +837,7 @@ pub(crate) mod tests {
     #[test]
     fn main_plot_has_every_thread_count_utilization_and_readable_ticks() {
         let mut verbs = sweep("verbs", true);
-        verbs.os_baseline = format!("link: {}", crate::link::DESCRIBE);
+        verbs.os_baseline = crate::suite::Baseline::link();
         let mut r = report(vec![sweep("uds", true), sweep("tcp", false), verbs]);
         r.settings.sizes = vec![64 << 10, 500_000, 1 << 20];
         r.settings.threads = vec![1, 4, 16];

@@ -1,6 +1,6 @@
 //! The report: terminal tables, the diagnosis, JSON.
 
-use crate::suite::{Cell, Settings, Stat, TransportReport};
+use crate::suite::{BaselineKind, Cell, Settings, Stat, TransportReport};
 use serde::Serialize;
 use std::fmt::Write as _;
 
@@ -199,16 +199,23 @@ impl Table {
     }
 }
 
-/// Builds the diagnosis of one transport from its cells and its ping row.
+/// Builds the diagnosis of one transport from its cells and its ping row: RPC against raw,
+/// so none without raw figures (`--only rpc`).
 pub fn diagnose(t: &TransportReport) -> Option<Diagnosis> {
-    let threads = t.cells.iter().map(|c| c.threads).min()?;
-    let at_threads = || t.cells.iter().filter(move |c| c.threads == threads);
-    let large = at_threads().any(|c| c.size >= 256 << 10);
-    let basis: &Cell = at_threads()
-        .filter(|c| !large || c.size >= 256 << 10)
-        .min_by(|a, b| a.utilization.total_cmp(&b.utilization))?;
+    // The cells with both sides measured, each with its raw figures and utilization.
+    let paired = || {
+        t.cells
+            .iter()
+            .filter_map(|c| Some((c, c.raw.as_ref()?, c.utilization?)))
+    };
+    let threads = paired().map(|(c, ..)| c.threads).min()?;
+    let at_threads = || paired().filter(move |(c, ..)| c.threads == threads);
+    let large = at_threads().any(|(c, ..)| c.size >= 256 << 10);
+    let (basis, raw, utilization): (&Cell, _, f64) = at_threads()
+        .filter(|(c, ..)| !large || c.size >= 256 << 10)
+        .min_by(|a, b| a.2.total_cmp(&b.2))?;
     let rpc = &basis.rpc.costs;
-    let raw = &basis.raw.costs;
+    let raw = &raw.costs;
     let mut d = Diagnosis {
         transport: t.transport.clone(),
         basis: format!(
@@ -217,7 +224,7 @@ pub fn diagnose(t: &TransportReport) -> Option<Diagnosis> {
             size_label(basis.size),
             basis.threads
         ),
-        utilization: basis.utilization,
+        utilization,
         copies_per_byte: rpc.copies_per_byte,
         raw_copies_per_byte: raw.copies_per_byte,
         page_faults_per_call: rpc.page_faults_per_call,
@@ -230,16 +237,23 @@ pub fn diagnose(t: &TransportReport) -> Option<Diagnosis> {
         mean_in_flight: rpc.mean_in_flight,
         cpu_ms_per_gb: rpc.cpu_ms_per_gb,
         raw_cpu_ms_per_gb: raw.cpu_ms_per_gb,
-        ping_cpu_us: t.ping.as_ref().map_or((0.0, 0.0), |p| {
-            (p.rpc.costs.cpu_us_per_call, p.raw.costs.cpu_us_per_call)
-        }),
+        ping_cpu_us: t
+            .ping
+            .as_ref()
+            .and_then(|p| {
+                Some((
+                    p.rpc.costs.cpu_us_per_call,
+                    p.raw.as_ref()?.costs.cpu_us_per_call,
+                ))
+            })
+            .unwrap_or((0.0, 0.0)),
         verdict: String::new(),
         latency_verdict: latency_verdict(t),
     };
     d.verdict = verdict(
         &d,
-        basis.utilization,
-        t.ping.as_ref().map(|p| p.latency_ratio),
+        utilization,
+        t.ping.as_ref().and_then(|p| p.latency_ratio),
         basis.op != crate::measure::Op::Oneway,
     );
     d.verdict = format!("{} (basis: {})", d.verdict.trim_end_matches('.'), d.basis) + ".";
@@ -249,12 +263,13 @@ pub fn diagnose(t: &TransportReport) -> Option<Diagnosis> {
 /// One sentence on the ping row against the os baseline: how far raw and RPC are from it, and
 /// whether the extra time goes to wake-ups (context switches of the whole process per round
 /// trip) or to the transport's reads and writes (client side; a runtime's `epoll_wait` calls
-/// are not among them, its wake-ups are).
+/// are not among them, its wake-ups are). None unless os, raw and RPC were all measured.
 pub fn latency_verdict(t: &TransportReport) -> Option<String> {
     let p = t.ping.as_ref()?;
     let os = p.os.as_ref()?;
-    if t.os_baseline.starts_with("link") {
-        let (r, c) = (&p.raw.costs, &p.rpc.costs);
+    let raw = p.raw.as_ref()?;
+    if t.os_baseline.kind == BaselineKind::Link {
+        let (r, c) = (&raw.costs, &p.rpc.costs);
         return Some(format!(
             "{} latency: RPC p50 {:.1} µs = {:.2}x the link's busy-polled SEND ping-pong ({:.1} µs), raw {:.2}x; \
              CPU per round trip {:.1} µs for RPC, {:.1} raw, {:.1} link; system calls and doorbells per round trip {:.1} for RPC, {:.1} raw \
@@ -263,7 +278,7 @@ pub fn latency_verdict(t: &TransportReport) -> Option<String> {
             p.rpc.p50_us,
             p.rpc.p50_us / os.p50_us.max(1e-9),
             os.p50_us,
-            p.raw.p50_us / os.p50_us.max(1e-9),
+            raw.p50_us / os.p50_us.max(1e-9),
             c.cpu_us_per_call,
             r.cpu_us_per_call,
             os.costs.cpu_us_per_call,
@@ -271,7 +286,7 @@ pub fn latency_verdict(t: &TransportReport) -> Option<String> {
             r.syscalls_per_call,
         ));
     }
-    let (o, r, c) = (&os.costs, &p.raw.costs, &p.rpc.costs);
+    let (o, r, c) = (&os.costs, &raw.costs, &p.rpc.costs);
     let ratio = p.rpc.p50_us / os.p50_us.max(1e-9);
     let cause = if ratio <= 1.1 {
         "at the OS's limit for this placement".to_string()
@@ -303,7 +318,7 @@ pub fn latency_verdict(t: &TransportReport) -> Option<String> {
         p.rpc.p50_us,
         ratio,
         os.p50_us,
-        p.raw.p50_us / os.p50_us.max(1e-9),
+        raw.p50_us / os.p50_us.max(1e-9),
         cause
     ))
 }
@@ -423,18 +438,16 @@ fn verdict(d: &Diagnosis, util: f64, ping: Option<f64>, twoway: bool) -> String 
     }
 }
 
-impl TransportReport {
-    /// Whether the run measured this transport's limit (the OS's sockets, or the link).
-    pub fn os_measured(&self) -> bool {
-        !self.os_baseline.starts_with("not measured")
-    }
-}
-
 impl Report {
-    /// One line per measured transport without an OS baseline, saying why.
+    /// One line per measured transport without an OS baseline, saying why (not with
+    /// `--only rpc`, whose title and section lines already say so), then the notes.
     fn os_notes(&self, out: &mut String) {
-        for r in self.transports.iter().filter(|r| !r.os_measured()) {
-            let _ = writeln!(out, "  {:<9}  os: {}", r.transport, r.os_baseline);
+        let unmeasured = self
+            .transports
+            .iter()
+            .filter(|r| self.settings.raw() && !r.os_baseline.measured());
+        for r in unmeasured {
+            let _ = writeln!(out, "  {:<9}  os: {}", r.transport, r.os_baseline.describe);
         }
         for r in &self.transports {
             for n in &r.notes {
@@ -443,18 +456,46 @@ impl Report {
         }
     }
 
+    /// What the title says the run measured against: `, against the OS's own sockets (uds,
+    /// tcp) and the link (verbs)`, naming only the limits that were measured; empty when none
+    /// was.
+    fn against(&self) -> String {
+        let limits: Vec<String> = [
+            (BaselineKind::Sockets, "the OS's own sockets"),
+            (BaselineKind::Link, "the link"),
+        ]
+        .into_iter()
+        .filter_map(|(kind, limit)| {
+            let names: Vec<&str> = self
+                .transports
+                .iter()
+                .filter(|r| r.os_baseline.kind == kind)
+                .map(|r| r.transport.as_str())
+                .collect();
+            (!names.is_empty()).then(|| format!("{limit} ({})", names.join(", ")))
+        })
+        .collect();
+        if limits.is_empty() {
+            String::new()
+        } else {
+            format!(", against {}", limits.join(" and "))
+        }
+    }
+
     /// The terminal rendering.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let against = if self.transports.iter().any(TransportReport::os_measured) {
-            ", against the OS's own sockets"
+        let what = if self.settings.raw() {
+            "raw backend connection vs RPC over it"
         } else {
-            ""
+            "RPC alone (--only rpc: the raw connection and the os baseline were not measured)"
         };
         let _ = writeln!(
             out,
-            "bench {}: raw backend connection vs RPC over it{against} ({} mode)",
-            self.version, self.placement.mode
+            "bench {}: {what}{} ({} mode)",
+            self.version,
+            self.against(),
+            self.placement.mode
         );
         let _ = writeln!(out, "placement: {}", self.placement.summary);
         let _ = writeln!(
@@ -464,16 +505,18 @@ impl Report {
         );
         out.push('\n');
         // The OS columns appear when some transport has its OS baseline (local mode, uds and
-        // tcp); a transport without one shows "n/a" there.
+        // tcp; verbs with its link); a transport without one shows "n/a" there. The raw
+        // columns appear when raw was measured (not with --only rpc).
         let pinged: Vec<(&TransportReport, &crate::suite::PingRow)> = self
             .transports
             .iter()
             .filter_map(|r| r.ping.as_ref().map(|p| (r, p)))
             .collect();
         let with_os = pinged.iter().any(|(_, p)| p.os.is_some());
+        let with_raw = pinged.iter().any(|(_, p)| p.raw.is_some());
         let with_link = pinged
             .iter()
-            .any(|(r, p)| p.os.is_some() && r.os_baseline.starts_with("link"));
+            .any(|(r, p)| p.os.is_some() && r.os_baseline.kind == BaselineKind::Link);
         if pinged.is_empty() {
             out.push_str("Latency: not measured (--ops without ping)\n");
         } else if with_os {
@@ -483,51 +526,59 @@ impl Report {
             if with_link {
                 out.push_str("  for verbs, os = the link: 2-byte SEND ping-pong busy-polled on both sides through this crate's binding (ib_send_lat-style)\n");
             }
-        } else {
+        } else if with_raw {
             out.push_str(
                 "Latency: raw = 1-byte ping-pong on the backend connection, rpc = `void o()` call; raw and rpc measured in alternating chunks; µs/rt = mean per chunk\n",
+            );
+        } else {
+            out.push_str(
+                "Latency: rpc = `void o()` call; µs/call = mean per chunk; raw and os: not measured (--only rpc)\n",
             );
         }
         let mut header = vec!["transport"];
         if with_os {
             header.extend(["os µs/rt", "os p50/p99 µs"]);
         }
-        header.extend([
-            "raw µs/rt",
-            "raw p50/p99 µs",
-            "rpc µs/call",
-            "rpc p50/p99 µs",
-            "rpc calls/s",
-            "rpc/raw p50",
-            "rpc/raw mean",
-        ]);
-        if with_os {
-            header.extend(["raw/os p50", "rpc/os p50"]);
+        if with_raw {
+            header.extend(["raw µs/rt", "raw p50/p99 µs"]);
         }
+        header.extend(["rpc µs/call", "rpc p50/p99 µs", "rpc calls/s"]);
+        if with_raw {
+            header.extend(["rpc/raw p50", "rpc/raw mean"]);
+        }
+        if with_os {
+            if with_raw {
+                header.push("raw/os p50");
+            }
+            header.push("rpc/os p50");
+        }
+        let lat = |l: Option<&crate::suite::Latency>| match l {
+            Some(l) => [
+                stat(&l.us_per_call),
+                format!("{} / {}", num(l.p50_us), num(l.p99_us)),
+            ],
+            None => ["n/a".into(), "n/a".into()],
+        };
+        let x = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.2}x"));
         let mut t = Table::new(&header, 1);
         for (r, p) in &pinged {
             let mut row = vec![r.transport.clone()];
             if with_os {
-                match &p.os {
-                    Some(os) => row.extend([
-                        stat(&os.us_per_call),
-                        format!("{} / {}", num(os.p50_us), num(os.p99_us)),
-                    ]),
-                    None => row.extend(["n/a".into(), "n/a".into()]),
-                }
+                row.extend(lat(p.os.as_ref()));
             }
-            row.extend([
-                stat(&p.raw.us_per_call),
-                format!("{} / {}", num(p.raw.p50_us), num(p.raw.p99_us)),
-                stat(&p.rpc.us_per_call),
-                format!("{} / {}", num(p.rpc.p50_us), num(p.rpc.p99_us)),
-                format!("{:.0}", p.rpc.calls_s.median),
-                format!("{:.2}x", p.latency_ratio),
-                format!("{:.2}x", p.mean_latency_ratio),
-            ]);
+            if with_raw {
+                row.extend(lat(p.raw.as_ref()));
+            }
+            row.extend(lat(Some(&p.rpc)));
+            row.push(format!("{:.0}", p.rpc.calls_s.median));
+            if with_raw {
+                row.extend([x(p.latency_ratio), x(p.mean_latency_ratio)]);
+            }
             if with_os {
-                let x = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.2}x"));
-                row.extend([x(p.raw_os_latency_ratio), x(p.rpc_os_latency_ratio)]);
+                if with_raw {
+                    row.push(x(p.raw_os_latency_ratio));
+                }
+                row.push(x(p.rpc_os_latency_ratio));
             }
             t.row(row);
         }
@@ -542,15 +593,19 @@ impl Report {
         if self.transports.iter().all(|r| r.cells.is_empty()) {
             out.push_str("Throughput: not measured (--ops ping only)\n");
         } else {
-            out.push_str("Throughput in Mbit/s of payload: raw = message stream on the backend connection (send/oneway: into a sink, recv: from a source, echo: echoed stream); util = median over the runs of rpc / raw measured back to back\n");
-            let with_os = self
-                .transports
-                .iter()
-                .any(|r| r.cells.iter().any(|c| c.os.is_some()));
+            let cells = || self.transports.iter().flat_map(|r| r.cells.iter());
+            let with_raw = cells().any(|c| c.raw.is_some());
+            let with_os = cells().any(|c| c.os.is_some());
+            if with_raw {
+                out.push_str("Throughput in Mbit/s of payload: raw = message stream on the backend connection (send/oneway: into a sink, recv: from a source, echo: echoed stream); util = median over the runs of rpc / raw measured back to back\n");
+            } else {
+                out.push_str("Throughput in Mbit/s of payload of RPC calls; raw, util and os: not measured (--only rpc)\n");
+            }
             if with_os {
                 out.push_str("os = blocking OS socket stream of writes of the size into a reading sink, one thread, no runtime (beside send and oneway at 1 thread; - where there is none); raw/os, rpc/os = median over the runs of raw / os and rpc / os measured back to back\n");
                 if self.transports.iter().any(|r| {
-                    r.os_baseline.starts_with("link") && r.cells.iter().any(|c| c.os.is_some())
+                    r.os_baseline.kind == BaselineKind::Link
+                        && r.cells.iter().any(|c| c.os.is_some())
                 }) {
                     out.push_str("  for verbs, os = the link: RDMA READs of the size, 32 in flight, through this crate's binding (ib_read_bw-style)\n");
                 }
@@ -559,15 +614,25 @@ impl Report {
             if with_os {
                 header.push("os Mbit/s");
             }
-            header.extend(["raw Mbit/s", "rpc Mbit/s", "rpc calls/s", "util"]);
+            if with_raw {
+                header.push("raw Mbit/s");
+            }
+            header.extend(["rpc Mbit/s", "rpc calls/s"]);
+            if with_raw {
+                header.push("util");
+            }
             if with_os {
-                header.extend(["raw/os", "rpc/os"]);
+                if with_raw {
+                    header.push("raw/os");
+                }
+                header.push("rpc/os");
             }
             let mut t = Table::new(&header, 2);
             let pct = |v: f64| format!("{:.0}%", v * 100.0);
             for r in &self.transports {
-                // "n/a": this transport has no OS baseline; "-": this row has no OS twin.
-                let none = if r.os_measured() { "-" } else { "n/a" };
+                // "n/a": this transport has no OS baseline (or no raw figures); "-": this row
+                // has no OS twin.
+                let none = if r.os_baseline.measured() { "-" } else { "n/a" };
                 for c in &r.cells {
                     let mut row = vec![
                         r.transport.clone(),
@@ -579,14 +644,17 @@ impl Report {
                     if with_os {
                         row.push(c.os.as_ref().map_or(none.into(), |f| stat(&f.mbit_s)));
                     }
-                    row.extend([
-                        stat(&c.raw.mbit_s),
-                        stat(&c.rpc.mbit_s),
-                        format!("{:.0}", c.rpc.calls_s.median),
-                        pct(c.utilization),
-                    ]);
+                    if with_raw {
+                        row.push(c.raw.as_ref().map_or("n/a".into(), |f| stat(&f.mbit_s)));
+                    }
+                    row.extend([stat(&c.rpc.mbit_s), format!("{:.0}", c.rpc.calls_s.median)]);
+                    if with_raw {
+                        row.push(c.utilization.map_or("n/a".into(), pct));
+                    }
                     if with_os {
-                        row.push(c.raw_os_utilization.map_or(none.into(), pct));
+                        if with_raw {
+                            row.push(c.raw_os_utilization.map_or(none.into(), pct));
+                        }
                         row.push(c.rpc_os_utilization.map_or(none.into(), pct));
                     }
                     t.row(row);
@@ -653,6 +721,10 @@ impl Report {
                     let _ = writeln!(out, "  {l}");
                 }
             }
+        } else if !self.settings.raw() {
+            out.push_str(
+                "\nDiagnosis: none (it sets RPC against raw, which --only rpc does not measure)\n",
+            );
         }
         let _ = writeln!(out, "\n(total {:.1} s)", self.wall_seconds);
         out
@@ -671,7 +743,7 @@ pub(crate) mod tests {
         assert_eq!(size_label(500_000), "500000 B");
     }
     use crate::measure::{CostFigures, Op};
-    use crate::suite::{Figures, Latency, PingRow};
+    use crate::suite::{Baseline, Figures, Latency, PingRow};
 
     fn flat(v: f64) -> Stat {
         Stat {
@@ -712,9 +784,9 @@ pub(crate) mod tests {
             size: 256 << 10,
             threads: 1,
             window: 16,
-            raw: fig(30_000.0),
+            raw: Some(fig(30_000.0)),
             rpc: fig(20_000.0),
-            utilization: 20.0 / 30.0,
+            utilization: Some(20.0 / 30.0),
             os: os.then(|| fig(40_000.0)),
             raw_os_utilization: os.then_some(0.75),
             rpc_os_utilization: os.then_some(0.5),
@@ -722,19 +794,19 @@ pub(crate) mod tests {
         TransportReport {
             transport: name.into(),
             os_baseline: if with_os {
-                "blocking std UnixStream".into()
+                Baseline::sockets("blocking std UnixStream")
             } else {
-                "not measured: remote mode".into()
+                Baseline::not_measured("remote mode")
             },
             notes: Vec::new(),
             ping: Some(PingRow {
                 raw_os_latency_ratio: os.as_ref().map(|_| 1.2),
                 rpc_os_latency_ratio: os.as_ref().map(|_| 1.5),
                 os,
-                raw: lat(12.0),
+                raw: Some(lat(12.0)),
                 rpc: lat(15.0),
-                latency_ratio: 1.25,
-                mean_latency_ratio: 1.25,
+                latency_ratio: Some(1.25),
+                mean_latency_ratio: Some(1.25),
             }),
             cells: vec![cell(Op::Send, with_os), cell(Op::Echo, false)],
         }
@@ -746,9 +818,16 @@ pub(crate) mod tests {
     #[test]
     fn verbs_latency_verdict_reads_against_the_link_and_names_channel_syscalls() {
         let mut t = transport("verbs", true);
-        t.os_baseline = format!("link: {}", crate::link::DESCRIBE);
+        t.os_baseline = Baseline::link();
         t.ping.as_mut().unwrap().rpc.costs.syscalls_per_call = 0.0;
-        t.ping.as_mut().unwrap().raw.costs.syscalls_per_call = 4.0;
+        t.ping
+            .as_mut()
+            .unwrap()
+            .raw
+            .as_mut()
+            .unwrap()
+            .costs
+            .syscalls_per_call = 4.0;
         let v = latency_verdict(&t).expect("link measured");
         assert!(
             v.starts_with("verbs latency: RPC p50 15.0 µs = 1.50x the link's busy-polled SEND ping-pong (10.0 µs)"),
@@ -766,7 +845,7 @@ pub(crate) mod tests {
             l.costs.syscalls_per_call = calls;
         };
         set(t.ping.as_mut().unwrap().os.as_mut().unwrap(), 2.0, 2.0);
-        set(&mut t.ping.as_mut().unwrap().raw, 4.0, 2.0);
+        set(t.ping.as_mut().unwrap().raw.as_mut().unwrap(), 4.0, 2.0);
         set(&mut t.ping.as_mut().unwrap().rpc, 4.1, 2.0);
         let v = latency_verdict(&t).expect("os measured");
         assert!(v.starts_with("uds latency: RPC p50 15.0 µs = 1.50x"), "{v}");
@@ -811,6 +890,7 @@ pub(crate) mod tests {
             sizes: vec![256 << 10],
             threads: vec![1],
             ops: vec![Op::Send, Op::Echo],
+            layers: vec![crate::measure::Layer::Raw, crate::measure::Layer::Rpc],
             ping: true,
             pings: 1000,
             repeat: 1,
@@ -852,7 +932,10 @@ pub(crate) mod tests {
     #[test]
     fn tables_show_the_os_column_and_the_utilization_against_it() {
         let text = report(vec![transport("uds", true), transport("tcp", false)]).render();
-        assert!(text.contains("against the OS's own sockets"), "{text}");
+        assert!(
+            text.contains(", against the OS's own sockets (uds) (local mode)"),
+            "the title names the transports measured against the OS: {text}"
+        );
 
         let h = row(&text, "transport", &["transport", "os µs/rt"]);
         assert_eq!(
@@ -952,6 +1035,187 @@ pub(crate) mod tests {
             .starts_with("not measured"));
     }
 
+    /// The kind of limit is typed in the report and named in the JSON beside the text, which
+    /// stays where it was.
+    #[test]
+    fn json_names_the_kind_of_os_baseline() {
+        let mut verbs = transport("verbs", true);
+        verbs.os_baseline = Baseline::link();
+        let v = serde_json::to_value(report(vec![
+            transport("uds", true),
+            transport("tcp", false),
+            verbs,
+        ]))
+        .unwrap();
+        let kinds: Vec<(&str, &str)> = v["transports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                (
+                    t["os_baseline_kind"].as_str().unwrap(),
+                    t["os_baseline"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(kinds[0], ("sockets", "blocking std UnixStream"));
+        assert_eq!(kinds[1], ("not_measured", "not measured: remote mode"));
+        assert_eq!(kinds[2].0, "link");
+        assert!(kinds[2].1.starts_with("link: "), "{kinds:?}");
+    }
+
+    /// The title names what each transport was measured against: the OS's sockets, the link
+    /// (verbs), both, or nothing; a verbs run never claims the OS's sockets.
+    #[test]
+    fn title_names_the_limit_each_transport_was_measured_against() {
+        let title = |r: Report| r.render().lines().next().unwrap().to_string();
+        let link = || {
+            let mut t = transport("verbs", true);
+            t.os_baseline = Baseline::link();
+            t
+        };
+        let mut remote = report(vec![link()]);
+        remote.placement.mode = "remote".into();
+        assert_eq!(
+            title(remote),
+            "bench test: raw backend connection vs RPC over it, against the link (verbs) (remote mode)"
+        );
+        assert_eq!(
+            title(report(vec![
+                transport("uds", true),
+                transport("tcp", true),
+                link()
+            ])),
+            "bench test: raw backend connection vs RPC over it, against the OS's own sockets (uds, tcp) and the link (verbs) (local mode)"
+        );
+        assert_eq!(
+            title(report(vec![transport("tcp", false)])),
+            "bench test: raw backend connection vs RPC over it (local mode)"
+        );
+    }
+
+    /// `t` as `--only rpc` measures it: RPC figures only.
+    fn rpc_only(mut t: TransportReport) -> TransportReport {
+        t.os_baseline = Baseline::not_measured(crate::suite::ONLY_RPC);
+        if let Some(p) = &mut t.ping {
+            p.os = None;
+            p.raw = None;
+            p.latency_ratio = None;
+            p.mean_latency_ratio = None;
+            p.raw_os_latency_ratio = None;
+            p.rpc_os_latency_ratio = None;
+        }
+        for c in &mut t.cells {
+            c.raw = None;
+            c.utilization = None;
+            c.os = None;
+            c.raw_os_utilization = None;
+            c.rpc_os_utilization = None;
+        }
+        t
+    }
+
+    /// An `--only rpc` report: the tables have the rpc columns and no raw, util or os columns,
+    /// and say that raw and os were not measured; no diagnosis is made (it needs raw).
+    #[test]
+    fn rpc_only_tables_leave_out_raw_and_os_and_say_so() {
+        let mut r = report(vec![rpc_only(transport("uds", true))]);
+        r.settings.layers = vec![crate::measure::Layer::Rpc];
+        assert!(diagnose(&r.transports[0]).is_none(), "no raw, no diagnosis");
+        let text = r.render();
+        assert!(
+            text.lines()
+                .next()
+                .unwrap()
+                .contains("RPC alone (--only rpc"),
+            "{text}"
+        );
+        let h = row(&text, "Latency", &["transport"]);
+        assert_eq!(
+            h,
+            ["transport", "rpc µs/call", "rpc p50/p99 µs", "rpc calls/s"]
+        );
+        let uds = row(&text, "Latency", &["uds"]);
+        assert_eq!(uds[1..], ["15.0 (15.0-15.0)", "15.0 / 30.0", "66667"]);
+        let h = row(&text, "Throughput", &["transport", "op"]);
+        assert_eq!(
+            h,
+            [
+                "transport",
+                "op",
+                "size",
+                "threads",
+                "window",
+                "rpc Mbit/s",
+                "rpc calls/s"
+            ]
+        );
+        let send = row(&text, "Throughput", &["uds", "send"]);
+        assert_eq!(send[5], "20000 (20000-20000)");
+        // The headers above have no util column; no table anywhere has a raw or os one.
+        for absent in ["raw µs/rt", "raw Mbit/s", "os µs/rt", "os Mbit/s", "rpc/os"] {
+            assert!(!text.contains(absent), "`{absent}` in:\n{text}");
+        }
+        assert!(
+            text.contains("raw and os: not measured (--only rpc)"),
+            "the latency section says so: {text}"
+        );
+        assert!(
+            text.contains("raw, util and os: not measured (--only rpc)"),
+            "the throughput section says so: {text}"
+        );
+        assert!(text.contains("Diagnosis: none"), "{text}");
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("  uds") && l.contains("os: not measured")),
+            "no per-transport line repeats it: {text}"
+        );
+    }
+
+    /// The JSON of an `--only rpc` report: null where raw and os were not measured, never a
+    /// zero, and the settings name the one layer measured.
+    #[test]
+    fn rpc_only_json_has_nulls_not_zeros() {
+        let mut r = report(vec![rpc_only(transport("uds", true))]);
+        r.settings.layers = vec![crate::measure::Layer::Rpc];
+        let v = serde_json::to_value(r).unwrap();
+        assert_eq!(v["settings"]["layers"], serde_json::json!(["rpc"]));
+        let uds = &v["transports"][0];
+        assert_eq!(uds["os_baseline_kind"], "not_measured");
+        for k in ["raw", "os", "latency_ratio", "mean_latency_ratio"] {
+            assert!(uds["ping"][k].is_null(), "ping.{k}: {uds}");
+        }
+        assert_eq!(uds["ping"]["rpc"]["p50_us"], 15.0);
+        for c in uds["cells"].as_array().unwrap() {
+            for k in ["raw", "utilization", "os", "raw_os_utilization"] {
+                assert!(c[k].is_null(), "cells[].{k}: {c}");
+            }
+            assert_eq!(c["rpc"]["mbit_s"]["median"], 20_000.0);
+        }
+    }
+
+    /// The one table renderer: each column as wide as its widest cell, the first `left`
+    /// columns aligned left and the rest right, two spaces between, the indent before each
+    /// line and no trailing spaces.
+    #[test]
+    fn table_aligns_columns_and_indents() {
+        let mut t = Table::new(&["name", "kind", "n"], 2);
+        t.row(vec!["a".into(), "long kind".into(), "1".into()]);
+        t.rows([vec!["bbb".into(), "k".into(), "1000".into()]]);
+        let mut out = String::new();
+        t.render(&mut out);
+        assert_eq!(
+            out,
+            "  name  kind          n\n  a     long kind     1\n  bbb   k          1000\n"
+        );
+        let mut out = String::new();
+        let mut t = Table::new(&["name", "n"], 1).indent("");
+        t.row(vec!["x".into(), "22".into()]);
+        t.render(&mut out);
+        assert_eq!(out, "name   n\nx     22\n");
+    }
+
     /// A diagnosis where RPC costs exactly what raw does.
     fn even() -> Diagnosis {
         Diagnosis {
@@ -1015,26 +1279,5 @@ pub(crate) mod tests {
     fn says_so_when_nothing_costs_more() {
         let v = verdict(&even(), 0.99, Some(1.02), true);
         assert!(v.contains("no measurable cost above raw"), "{v}");
-    }
-
-    /// The one table renderer: each column as wide as its widest cell, the first `left`
-    /// columns aligned left and the rest right, two spaces between, the indent before each
-    /// line and no trailing spaces.
-    #[test]
-    fn table_aligns_columns_and_indents() {
-        let mut t = Table::new(&["name", "kind", "n"], 2);
-        t.row(vec!["a".into(), "long kind".into(), "1".into()]);
-        t.rows([vec!["bbb".into(), "k".into(), "1000".into()]]);
-        let mut out = String::new();
-        t.render(&mut out);
-        assert_eq!(
-            out,
-            "  name  kind          n\n  a     long kind     1\n  bbb   k          1000\n"
-        );
-        let mut out = String::new();
-        let mut t = Table::new(&["name", "n"], 1).indent("");
-        t.row(vec!["x".into(), "22".into()]);
-        t.render(&mut out);
-        assert_eq!(out, "name   n\nx     22\n");
     }
 }

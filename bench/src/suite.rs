@@ -17,6 +17,9 @@ pub struct Settings {
     pub threads: Vec<usize>,
     /// Byte-sequence operations.
     pub ops: Vec<Op>,
+    /// The layers measured: raw and RPC, or RPC alone (`--only rpc`: no raw connection and
+    /// no os baseline, whose figures are then null).
+    pub layers: Vec<Layer>,
     /// Whether the latency row (raw ping-pong vs `void o()`) is measured (`--ops` has `ping`,
     /// or no `--ops`).
     pub ping: bool,
@@ -49,11 +52,21 @@ impl Settings {
         (self.window_bytes / size.max(1)).clamp(1, self.window.max(1))
     }
 
+    /// Whether the raw backend connection is measured (not with `--only rpc`).
+    pub fn raw(&self) -> bool {
+        self.layers.contains(&Layer::Raw)
+    }
+
     /// Number of measurements the suite runs on one transport, with or without the OS
     /// baseline (for the progress bar).
     pub fn jobs(&self, os: bool) -> u64 {
-        let raw_ops = self.raw_ops().len();
-        let pings = if self.ping { 2 + usize::from(os) } else { 0 };
+        let os = os && self.raw();
+        let raw_ops = if self.raw() { self.raw_ops().len() } else { 0 };
+        let pings = if self.ping {
+            1 + usize::from(self.raw()) + usize::from(os)
+        } else {
+            0
+        };
         let mut per_rep =
             self.threads.len() * self.sizes.len() * (self.ops.len() + raw_ops) + pings;
         if os {
@@ -156,14 +169,17 @@ pub struct PingRow {
     /// 1-byte ping-pong over blocking OS sockets without a runtime (the machine's limit);
     /// `None` when not measured (see [`TransportReport::os_baseline`]).
     pub os: Option<Latency>,
-    /// 1-byte messages echoed through the backend connection.
-    pub raw: Latency,
+    /// 1-byte messages echoed through the backend connection; `None` when the raw layer was
+    /// not measured (`--only rpc`).
+    pub raw: Option<Latency>,
     /// `void o()` calls.
     pub rpc: Latency,
-    /// RPC p50 round trip / raw p50 round trip (robust against preemption by other processes).
-    pub latency_ratio: f64,
-    /// Median of the per-run mean RPC latencies / the same for raw.
-    pub mean_latency_ratio: f64,
+    /// RPC p50 round trip / raw p50 round trip (robust against preemption by other
+    /// processes); `None` without raw figures.
+    pub latency_ratio: Option<f64>,
+    /// Median of the per-run mean RPC latencies / the same for raw; `None` without raw
+    /// figures.
+    pub mean_latency_ratio: Option<f64>,
     /// Raw p50 round trip / OS p50 round trip.
     pub raw_os_latency_ratio: Option<f64>,
     /// RPC p50 round trip / OS p50 round trip: how far RPC is from what the machine can do.
@@ -184,14 +200,14 @@ pub struct Cell {
     /// RPC calls in flight per client thread in this cell: `--window`, or fewer where
     /// `--window-bytes` / size says so (at least 1).
     pub window: usize,
-    /// Raw figures.
-    pub raw: Figures,
+    /// Raw figures; `None` when the raw layer was not measured (`--only rpc`).
+    pub raw: Option<Figures>,
     /// RPC figures.
     pub rpc: Figures,
     /// RPC Mbit/s / raw Mbit/s: the median over the repetitions of the ratio of the two runs
     /// measured back to back (a paired comparison: noise from other processes that slows one
-    /// repetition down slows both of its runs).
-    pub utilization: f64,
+    /// repetition down slows both of its runs); `None` without raw figures.
+    pub utilization: Option<f64>,
     /// The OS stream of the same size (blocking socket into a reading sink, one thread, no
     /// runtime): send and oneway cells of one thread, when the OS baseline is measured.
     pub os: Option<Figures>,
@@ -202,13 +218,80 @@ pub struct Cell {
     pub rpc_os_utilization: Option<f64>,
 }
 
+/// What a transport's `os` columns were measured against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BaselineKind {
+    /// The OS's own blocking sockets, no runtime (uds and tcp in local mode).
+    Sockets,
+    /// The verbs link itself, perftest-style (see [`crate::link`]).
+    Link,
+    /// Nothing: the os columns were not measured.
+    NotMeasured,
+}
+
+impl BaselineKind {
+    /// How the tables and the plot name the limit: `os`, or `link` for verbs.
+    pub fn column(self) -> &'static str {
+        match self {
+            BaselineKind::Link => "link",
+            BaselineKind::Sockets | BaselineKind::NotMeasured => "os",
+        }
+    }
+}
+
+/// The limit a transport was measured against (the `os` columns): its kind, and what it is or
+/// why it was not measured. In JSON, `os_baseline_kind` (`sockets`, `link`, `not_measured`)
+/// and `os_baseline` (the text) beside the transport's other fields.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Baseline {
+    /// The kind of limit.
+    #[serde(rename = "os_baseline_kind")]
+    pub kind: BaselineKind,
+    /// What the limit is (`blocking std UnixStream ...`, `link: ...`), or `not measured: WHY`.
+    #[serde(rename = "os_baseline")]
+    pub describe: String,
+}
+
+impl Baseline {
+    /// The OS's own sockets, described by `describe`.
+    pub fn sockets(describe: impl Into<String>) -> Baseline {
+        Baseline {
+            kind: BaselineKind::Sockets,
+            describe: describe.into(),
+        }
+    }
+
+    /// The verbs link.
+    pub fn link() -> Baseline {
+        Baseline {
+            kind: BaselineKind::Link,
+            describe: format!("link: {}", crate::link::DESCRIBE),
+        }
+    }
+
+    /// Not measured, because `why`.
+    pub fn not_measured(why: &str) -> Baseline {
+        Baseline {
+            kind: BaselineKind::NotMeasured,
+            describe: format!("not measured: {why}"),
+        }
+    }
+
+    /// Whether the limit was measured (the OS's sockets or the link).
+    pub fn measured(&self) -> bool {
+        self.kind != BaselineKind::NotMeasured
+    }
+}
+
 /// Everything measured on one transport.
 #[derive(Debug, Clone, Serialize)]
 pub struct TransportReport {
     /// Backend name.
     pub transport: String,
     /// What the OS baseline (`os` figures) is, or why it was not measured.
-    pub os_baseline: String,
+    #[serde(flatten)]
+    pub os_baseline: Baseline,
     /// The latency row (absent when `--ops` leaves `ping` out).
     pub ping: Option<PingRow>,
     /// Throughput cells.
@@ -301,6 +384,9 @@ enum Side {
     Rpc,
 }
 
+/// Why an `--only rpc` run has no os (or link) figures.
+pub const ONLY_RPC: &str = "--only rpc (the raw connection and its limit were not measured)";
+
 /// The OS baseline of a transport: measured against `Target`, or not, and why.
 pub enum OsBaseline<'a> {
     /// Measure against the OS baseline server at this target.
@@ -319,12 +405,19 @@ enum Limit<'a> {
 }
 
 /// Runs the suite against the bench server `peer` (and the OS baseline server, if any).
+/// Without the raw layer (`--only rpc`) neither raw nor the OS baseline is measured, and
+/// the report says so.
 pub fn run<T: Transport + Clone>(
     peer: &Peer<'_, T>,
     os_baseline: OsBaseline<'_>,
     s: &Settings,
     progress: &ProgressBar,
 ) -> Result<TransportReport, String> {
+    let os_baseline = if s.raw() {
+        os_baseline
+    } else {
+        OsBaseline::Skip(ONLY_RPC.into())
+    };
     let os_target = match &os_baseline {
         OsBaseline::Measure(t) => Some(Limit::Os(t)),
         OsBaseline::Link(t) => Some(Limit::Link(t)),
@@ -357,10 +450,10 @@ pub fn run<T: Transport + Clone>(
     // os, raw, rpc, rpc, raw, os (raw, rpc, rpc, raw without the OS baseline): a burst of
     // load from other processes, or a drift in the machine's speed, then falls on every
     // side alike instead of on one of them.
-    let sides: &[Side] = if os_target.is_some() {
-        &[Side::Os, Side::Raw, Side::Rpc]
-    } else {
-        &[Side::Raw, Side::Rpc]
+    let sides: &[Side] = match (os_target.is_some(), s.raw()) {
+        (true, _) => &[Side::Os, Side::Raw, Side::Rpc],
+        (false, true) => &[Side::Raw, Side::Rpc],
+        (false, false) => &[Side::Rpc],
     };
     let ping_chunks = PING_PAIRS * sides.len();
     // Chunks per side over the whole suite; the pings are shared out exactly between them.
@@ -410,7 +503,9 @@ pub fn run<T: Transport + Clone>(
                     if os_target.is_some() && op == Op::Send && threads == 1 {
                         jobs.push((Side::Os, op));
                     }
-                    jobs.push((Side::Raw, op));
+                    if s.raw() {
+                        jobs.push((Side::Raw, op));
+                    }
                     jobs.extend(
                         s.ops
                             .iter()
@@ -433,18 +528,20 @@ pub fn run<T: Transport + Clone>(
         }
     }
     let ping = if s.ping {
-        let raw = latency(&ping_raw)?;
+        let measured = |runs: &[Outcome]| (!runs.is_empty()).then(|| latency(runs)).transpose();
+        let raw = measured(&ping_raw)?;
         let rpc = latency(&ping_rpc)?;
-        let os = if ping_os.is_empty() {
-            None
-        } else {
-            Some(latency(&ping_os)?)
+        let os = measured(&ping_os)?;
+        let p50 = |over: &Option<Latency>, of: &Latency| {
+            over.as_ref().map(|o| of.p50_us / o.p50_us.max(1e-9))
         };
         Some(PingRow {
-            latency_ratio: rpc.p50_us / raw.p50_us.max(1e-9),
-            mean_latency_ratio: rpc.us_per_call.median / raw.us_per_call.median.max(1e-9),
-            raw_os_latency_ratio: os.as_ref().map(|o| raw.p50_us / o.p50_us.max(1e-9)),
-            rpc_os_latency_ratio: os.as_ref().map(|o| rpc.p50_us / o.p50_us.max(1e-9)),
+            latency_ratio: p50(&raw, &rpc),
+            mean_latency_ratio: raw
+                .as_ref()
+                .map(|r| rpc.us_per_call.median / r.us_per_call.median.max(1e-9)),
+            raw_os_latency_ratio: raw.as_ref().and_then(|r| p50(&os, r)),
+            rpc_os_latency_ratio: p50(&os, &rpc),
             os,
             raw,
             rpc,
@@ -457,21 +554,20 @@ pub fn run<T: Transport + Clone>(
         for &op in &s.ops {
             for &size in &s.sizes {
                 let raw_op = raw_twin(op);
-                let raw_runs = &runs[&(Side::Raw, raw_op, size, threads)];
+                let raw_runs = runs.get(&(Side::Raw, raw_op, size, threads));
                 let rpc_runs = &runs[&(Side::Rpc, op, size, threads)];
                 let os_runs = runs.get(&(Side::Os, raw_op, size, threads));
-                let utilization = paired_ratio(rpc_runs, raw_runs);
                 cells.push(Cell {
                     op,
                     raw_op,
                     size,
                     threads,
                     window: s.window_for(size),
-                    utilization,
-                    raw: figures(raw_runs),
+                    utilization: raw_runs.map(|raw| paired_ratio(rpc_runs, raw)),
+                    raw: raw_runs.map(|raw| figures(raw)),
                     rpc: figures(rpc_runs),
                     os: os_runs.map(|o| figures(o)),
-                    raw_os_utilization: os_runs.map(|o| paired_ratio(raw_runs, o)),
+                    raw_os_utilization: raw_runs.zip(os_runs).map(|(raw, o)| paired_ratio(raw, o)),
                     rpc_os_utilization: os_runs.map(|o| paired_ratio(rpc_runs, o)),
                 });
             }
@@ -480,9 +576,9 @@ pub fn run<T: Transport + Clone>(
     Ok(TransportReport {
         transport: name,
         os_baseline: match os_baseline {
-            OsBaseline::Measure(t) => t.describe().to_string(),
-            OsBaseline::Link(_) => format!("link: {}", crate::link::DESCRIBE),
-            OsBaseline::Skip(why) => format!("not measured: {why}"),
+            OsBaseline::Measure(t) => Baseline::sockets(t.describe()),
+            OsBaseline::Link(_) => Baseline::link(),
+            OsBaseline::Skip(why) => Baseline::not_measured(&why),
         },
         ping,
         cells,

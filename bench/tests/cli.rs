@@ -4,7 +4,10 @@
 mod common;
 
 use common::{bench, stderr};
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
 
 /// Tiny settings: a run takes well under a second even in a debug build.
 const TINY: &[&str] = &[
@@ -88,6 +91,7 @@ fn json_report_and_svg_plot() {
         .map(|t| t["transport"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["uds", "tcp"]);
+    assert_eq!(v["settings"]["layers"], serde_json::json!(["raw", "rpc"]));
     for t in transports {
         assert_eq!(t["ping"]["raw"]["calls"], 40);
         assert_eq!(t["ping"]["rpc"]["calls"], 40);
@@ -96,6 +100,7 @@ fn json_report_and_svg_plot() {
         assert!(t["ping"]["os"]["p50_us"].as_f64().unwrap() > 0.0);
         assert!(t["ping"]["rpc_os_latency_ratio"].as_f64().unwrap() > 0.0);
         assert!(t["os_baseline"].as_str().unwrap().contains("blocking"));
+        assert_eq!(t["os_baseline_kind"], "sockets", "{t}");
         let cells = t["cells"].as_array().unwrap();
         // 2 ops x 2 sizes x 1 thread count.
         assert_eq!(cells.len(), 4);
@@ -240,49 +245,67 @@ fn doctor_reports_and_json_parses() {
     );
 }
 
-/// A loopback address with a port that was free a moment ago.
-fn free_loopback_addr() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    format!("127.0.0.1:{port}")
+/// A `bench server` child on an ephemeral loopback port, killed and reaped on drop.
+struct Server {
+    child: std::process::Child,
+    /// The TCP address it listens on, as it printed it.
+    tcp: String,
 }
 
-/// Starts `bench server ARGS` and waits (at most 4 s) until `up` says it accepts; returns
-/// the child and whether it came up.
-fn start_server(args: &[&str], up: impl Fn() -> bool) -> (std::process::Child, bool) {
-    let server = Command::new(env!("CARGO_BIN_EXE_bench"))
-        .arg("server")
-        .args(args)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..200 {
-        if up() {
-            return (server, true);
+impl Server {
+    /// Starts `bench server --listen 127.0.0.1:0 ARGS` and waits (at most 20 s) until it has
+    /// printed a line starting with `ready`: the server prints `bench server: tcp ADDR` once
+    /// it listens on TCP and `bench server: uds PATH` once it listens on `--uds PATH`.
+    fn start(args: &[&str], ready: &str) -> Server {
+        let child = Command::new(env!("CARGO_BIN_EXE_bench"))
+            .args(["server", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut server = Server {
+            child,
+            tcp: String::new(),
+        };
+        let stderr = server.child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        // Reads every line, so that the server never blocks on a full pipe.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|e| panic!("bench server never printed `{ready}`: {e}"));
+            if let Some(rest) = line.strip_prefix("bench server: tcp ") {
+                server.tcp = rest.split_whitespace().next().unwrap_or("").to_string();
+            }
+            if line.starts_with(ready) {
+                return server;
+            }
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    (server, false)
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 #[test]
 fn server_and_client_across_a_socket() {
     // Two-host mode, on loopback: `bench server` in one process, `bench client` in another.
-    let listen = free_loopback_addr();
-    let (mut server, up) = start_server(&["--listen", &listen], || {
-        std::net::TcpStream::connect(&listen).is_ok()
-    });
-    let result = up.then(|| {
-        let mut args = vec!["client", listen.as_str(), "--json"];
-        args.extend_from_slice(TINY);
-        bench(&args)
-    });
-    let _ = server.kill();
-    let _ = server.wait();
-    let o = result.expect("bench server did not start listening");
+    let server = Server::start(&[], "bench server: tcp");
+    let mut args = vec!["client", server.tcp.as_str(), "--json"];
+    args.extend_from_slice(TINY);
+    let o = bench(&args);
+    drop(server);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["placement"]["mode"], "remote");
@@ -290,6 +313,7 @@ fn server_and_client_across_a_socket() {
     assert_eq!(v["transports"][0]["cells"].as_array().unwrap().len(), 4);
     // No OS baseline against a remote server, and the report says why.
     assert!(v["transports"][0]["ping"]["os"].is_null());
+    assert_eq!(v["transports"][0]["os_baseline_kind"], "not_measured");
     let why = v["transports"][0]["os_baseline"].as_str().unwrap();
     assert!(why.contains("remote mode"), "{why}");
 }
@@ -300,22 +324,14 @@ fn server_and_client_across_a_socket() {
 fn client_reaches_the_servers_unix_socket() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("b.sock");
-    let listen = free_loopback_addr();
     let sock_arg = sock.to_str().expect("utf-8 path");
-    let (mut server, up) = start_server(&["--listen", &listen, "--uds", sock_arg], || {
-        std::os::unix::net::UnixStream::connect(&sock).is_ok()
-    });
+    let server = Server::start(&["--uds", sock_arg], "bench server: uds");
     let target = format!("unix:{}", sock.display());
-    let result = up.then(|| {
-        let mut args = vec!["client", target.as_str(), "--json"];
-        args.extend_from_slice(TINY);
-        let ok = bench(&args);
-        let refused = bench(&["client", target.as_str(), "--transports", "tcp"]);
-        (ok, refused)
-    });
-    let _ = server.kill();
-    let _ = server.wait();
-    let (o, refused) = result.expect("bench server did not start listening on its socket");
+    let mut args = vec!["client", target.as_str(), "--json"];
+    args.extend_from_slice(TINY);
+    let o = bench(&args);
+    let refused = bench(&["client", target.as_str(), "--transports", "tcp"]);
+    drop(server);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["placement"]["mode"], "remote");
@@ -332,6 +348,76 @@ fn client_reaches_the_servers_unix_socket() {
         "{}",
         stderr(&refused)
     );
+}
+
+/// Asserts that `t` (one transport of a JSON report) has RPC figures and no raw or os ones:
+/// null, not zero, where they would be.
+fn assert_rpc_only(t: &serde_json::Value) {
+    let p = &t["ping"];
+    assert_eq!(p["rpc"]["calls"], 40, "{t}");
+    assert!(p["rpc"]["p50_us"].as_f64().unwrap() > 0.0, "{t}");
+    for k in ["raw", "os", "latency_ratio", "raw_os_latency_ratio"] {
+        assert!(p[k].is_null(), "ping.{k} is not null: {t}");
+    }
+    assert_eq!(t["os_baseline_kind"], "not_measured", "{t}");
+    let why = t["os_baseline"].as_str().unwrap();
+    assert!(why.contains("--only rpc"), "{why}");
+    let cells = t["cells"].as_array().unwrap();
+    // 2 ops x 2 sizes x 1 thread count.
+    assert_eq!(cells.len(), 4, "{t}");
+    for c in cells {
+        assert!(c["rpc"]["mbit_s"]["min"].as_f64().unwrap() > 0.0, "{c}");
+        for k in ["raw", "utilization", "os", "raw_os_utilization"] {
+            assert!(c[k].is_null(), "cells[].{k} is not null: {c}");
+        }
+    }
+}
+
+/// `--only rpc` in local mode measures the RPC path alone: the JSON has RPC figures and null
+/// raw and os figures, no diagnosis (RPC against raw), and the tables leave the raw and os
+/// columns out and say that they were not measured.
+#[test]
+fn only_rpc_measures_rpc_without_raw_or_os() {
+    let mut args = vec!["--only", "rpc", "--json", "--transports", "uds,tcp"];
+    args.extend_from_slice(TINY);
+    let o = bench(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is JSON");
+    assert_eq!(v["settings"]["layers"], serde_json::json!(["rpc"]));
+    let transports = v["transports"].as_array().unwrap();
+    assert_eq!(transports.len(), 2, "{v}");
+    for t in transports {
+        assert_rpc_only(t);
+    }
+    assert_eq!(v["diagnosis"].as_array().map(Vec::len), Some(0), "{v}");
+
+    let mut args = vec!["--only", "rpc", "--transports", "uds"];
+    args.extend_from_slice(TINY);
+    let o = bench(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    for present in ["rpc µs/call", "rpc Mbit/s", "not measured (--only rpc)"] {
+        assert!(out.contains(present), "missing `{present}` in:\n{out}");
+    }
+    for absent in ["raw µs/rt", "raw Mbit/s", "os µs/rt", "os Mbit/s", "rpc/os"] {
+        assert!(!out.contains(absent), "`{absent}` in:\n{out}");
+    }
+}
+
+/// `bench client --only rpc` measures the RPC path alone against a server.
+#[test]
+fn client_only_rpc_measures_rpc_without_raw() {
+    let server = Server::start(&[], "bench server: tcp");
+    let mut args = vec!["client", server.tcp.as_str(), "--only", "rpc", "--json"];
+    args.extend_from_slice(TINY);
+    let o = bench(&args);
+    drop(server);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["placement"]["mode"], "remote");
+    assert_eq!(v["settings"]["layers"], serde_json::json!(["rpc"]));
+    assert_eq!(v["transports"][0]["transport"], "tcp");
+    assert_rpc_only(&v["transports"][0]);
 }
 
 /// `--ops` is honoured exactly: without `ping` there is no latency row, and `--ops ping` alone
