@@ -308,10 +308,9 @@ async fn client_thread<T: Transport>(
             let conn = Presplit::new(tx, rx, caps, metrics.clone(), peer);
             let client = RpcClient::new(
                 conn,
-                ClientConfig {
-                    max_in_flight: job.window.max(1),
-                    default_deadline: None,
-                },
+                ClientConfig::default()
+                    .with_max_in_flight(job.window.max(1))
+                    .with_default_deadline(None),
             );
             rpc_op(&client, job, &payload, WARMUP).await?;
             barrier.wait();

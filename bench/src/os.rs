@@ -443,11 +443,12 @@ pub(crate) fn outcome(m: Measured, calls: u64) -> Outcome {
         calls,
         payload_bytes: m.bytes,
         latency: m.hist,
-        metrics: MetricsSnapshot {
-            messages_sent: m.messages,
-            bytes_sent: m.bytes,
-            syscalls: m.syscalls,
-            ..MetricsSnapshot::default()
+        metrics: {
+            let mut s = MetricsSnapshot::default();
+            s.messages_sent = m.messages;
+            s.bytes_sent = m.bytes;
+            s.syscalls = m.syscalls;
+            s
         },
         server_metrics: MetricsSnapshot::default(),
         cpu: m.usage.cpu,

@@ -117,6 +117,7 @@ impl Metrics {
 
 /// A point-in-time copy of [`Metrics`]. Subtract two to get the activity between them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MetricsSnapshot {
     /// See [`Metrics::messages_sent`].
     pub messages_sent: u64,

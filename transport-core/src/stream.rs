@@ -75,6 +75,7 @@ const READ_AFTER_LARGE: usize = 1024;
 /// Cloning shares the [`memory_budget`](StreamConfig::memory_budget): every connection of a
 /// transport made from one config draws on the same budget.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct StreamConfig {
     /// Largest message (header + payload) accepted on receive and allowed on send.
     pub max_message_size: usize,
@@ -94,6 +95,30 @@ pub struct StreamConfig {
 }
 
 impl StreamConfig {
+    /// These settings with another [`StreamConfig::max_message_size`].
+    pub fn with_max_message_size(mut self, max: usize) -> StreamConfig {
+        self.max_message_size = max;
+        self
+    }
+
+    /// These settings with another [`StreamConfig::read_buffer_size`].
+    pub fn with_read_buffer_size(mut self, size: usize) -> StreamConfig {
+        self.read_buffer_size = size;
+        self
+    }
+
+    /// These settings drawing on another [`StreamConfig::memory_budget`].
+    pub fn with_memory_budget(mut self, budget: Arc<MemoryBudget>) -> StreamConfig {
+        self.memory_budget = budget;
+        self
+    }
+
+    /// These settings with another [`StreamConfig::frame_timeout`].
+    pub fn with_frame_timeout(mut self, timeout: Option<Duration>) -> StreamConfig {
+        self.frame_timeout = timeout;
+        self
+    }
+
     /// The capability table of a connection framed by this module: reliable, ordered,
     /// zero-copy both ways, nothing registered or one-sided. `event_fd` says whether progress
     /// is driven by a pollable descriptor (a socket: yes; an in-memory pipe: no).

@@ -242,7 +242,7 @@ proptest! {
     #[test]
     fn stream_receiver_bounds_its_allocation(pieces in prop::collection::vec(piece(), 0..12)) {
         let data = wire(&pieces);
-        let config = StreamConfig { max_message_size: MAX, read_buffer_size: 512, ..StreamConfig::default() };
+        let config = StreamConfig::default().with_max_message_size(MAX).with_read_buffer_size(512);
         let bound = (PREFIX_LEN + MAX).max(2 * (config.read_buffer_size + PREFIX_LEN + MAX_HEADER_LEN));
         let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         rt.block_on(async {
@@ -351,7 +351,7 @@ proptest! {
         pipe in 1usize..700,
         batch in any::<bool>(),
     ) {
-        let config = StreamConfig { max_message_size: MAX, read_buffer_size: 512, ..StreamConfig::default() };
+        let config = StreamConfig::default().with_max_message_size(MAX).with_read_buffer_size(512);
         let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         let got = rt.block_on(async {
             let (a, b) = tokio::io::duplex(pipe);

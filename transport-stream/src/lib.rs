@@ -120,6 +120,7 @@ const EOS_HEADER: [u8; 1] = [0xE0];
 /// `transport_core::stream::StreamConfig`, which goes the other way: messages over a byte
 /// stream.)
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ByteStreamConfig {
     /// Bytes collected from small writes before they go out as one message (clamped to the
     /// transport's max message size). Writes at least this large go out as messages of their own.
@@ -138,6 +139,14 @@ impl Default for ByteStreamConfig {
         ByteStreamConfig {
             chunk_size: DEFAULT_CHUNK_SIZE,
         }
+    }
+}
+
+impl ByteStreamConfig {
+    /// These settings with another [`ByteStreamConfig::chunk_size`].
+    pub fn with_chunk_size(mut self, chunk_size: usize) -> ByteStreamConfig {
+        self.chunk_size = chunk_size;
+        self
     }
 }
 

@@ -61,9 +61,7 @@ async fn round_trip_16mb<B: Backend>(b: &B) {
 
 /// 100 000 writes of 7 bytes arrive intact, coalesced into chunk-sized messages.
 async fn many_small_writes<B: Backend>(b: &B) {
-    let config = ByteStreamConfig {
-        chunk_size: 64 << 10,
-    };
+    let config = ByteStreamConfig::default().with_chunk_size(64 << 10);
     let (mut client, mut server) = pair(b, config).await;
     let reader = tokio::spawn(async move {
         let mut got = Vec::new();
@@ -314,7 +312,7 @@ async fn zero_copy_chunks<B: Backend>(b: &B) {
 
 /// Reads through `AsyncBufRead` (lines) across message boundaries.
 async fn buf_read_lines<B: Backend>(b: &B) {
-    let (mut client, server) = pair(b, ByteStreamConfig { chunk_size: 5 }).await;
+    let (mut client, server) = pair(b, ByteStreamConfig::default().with_chunk_size(5)).await;
     client.write_all(b"alpha\nbeta\ngamma\n").await.unwrap();
     client.shutdown().await.unwrap();
     let mut lines = server.lines();

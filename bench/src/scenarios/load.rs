@@ -407,10 +407,7 @@ where
         let conn = transport.connect(addr).await?;
         conns.push(Arc::new(RpcClient::new(
             conn,
-            ClientConfig {
-                max_in_flight: config.max_in_flight_per_connection,
-                ..ClientConfig::default()
-            },
+            ClientConfig::default().with_max_in_flight(config.max_in_flight_per_connection),
         )));
     }
     let start = Instant::now();

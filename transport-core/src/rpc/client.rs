@@ -18,7 +18,18 @@ use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
 /// Client settings.
+///
+/// ```
+/// use std::time::Duration;
+/// use transport_core::rpc::ClientConfig;
+///
+/// let config = ClientConfig::default()
+///     .with_max_in_flight(64)
+///     .with_default_deadline(Some(Duration::from_secs(5)));
+/// assert_eq!(config.max_in_flight, 64);
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ClientConfig {
     /// Most calls in flight at once on the connection; further calls wait for a slot.
     pub max_in_flight: usize,
@@ -32,6 +43,20 @@ impl Default for ClientConfig {
             max_in_flight: 4096,
             default_deadline: None,
         }
+    }
+}
+
+impl ClientConfig {
+    /// These settings with another [`ClientConfig::max_in_flight`].
+    pub fn with_max_in_flight(mut self, max_in_flight: usize) -> ClientConfig {
+        self.max_in_flight = max_in_flight;
+        self
+    }
+
+    /// These settings with another [`ClientConfig::default_deadline`].
+    pub fn with_default_deadline(mut self, deadline: Option<Duration>) -> ClientConfig {
+        self.default_deadline = deadline;
+        self
     }
 }
 
