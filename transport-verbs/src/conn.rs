@@ -35,6 +35,10 @@ use crate::proto::TH_LEN;
 /// Messages queued in the engine before the driver stops taking more from the sender.
 const OUTQ_MAX: usize = 64;
 
+/// Where the driver's timer is parked while the engine has no deadline: far enough that it
+/// never fires (a year; a deadline that appears moves it back).
+const IDLE_TIMER: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
+
 /// Why a connection ended badly; kept so that every later call reports the same cause.
 #[derive(Debug, Clone)]
 enum Fail {
@@ -328,9 +332,15 @@ impl Driver {
             // One timer, moved only when the engine's deadline moves (not one per wake).
             let deadline = self.engine.poll_timeout();
             if deadline != self.timer_at {
-                if let Some(d) = deadline {
-                    self.timer.as_mut().reset(tokio::time::Instant::from_std(d));
-                }
+                let at = match deadline {
+                    Some(d) => tokio::time::Instant::from_std(d),
+                    // Nothing to wait for. The timer is not polled then, but an entry left at
+                    // its old deadline (the hello deadline of a connection set up long ago)
+                    // would still fire and wake this task once: with many idle connections
+                    // that was most of their wake-ups. Move it out of the way instead.
+                    None => tokio::time::Instant::now() + IDLE_TIMER,
+                };
+                self.timer.as_mut().reset(at);
                 self.timer_at = deadline;
             }
             let watch_app = self.engine.waiting_for_app();
