@@ -11,6 +11,7 @@
 //! bench client HOST[:PORT]      run the comparison against `bench server` on HOST (tcp or verbs)
 //! bench client unix:PATH        the same against `bench server --uds PATH` on this host
 //! bench scenario NAME           the middleware scenarios (typed, structured, clients, slow-clients, orb, all)
+//! bench merge A.json B.json     one report from this machine's run and an emulated one's
 //! bench doctor                  check the environment (memlock, RDMA devices, GIDs, MTU, socket limits)
 //! ```
 //!
@@ -77,7 +78,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use measure::{Layer, Op, Peer};
 use report::{Placement, Report, Unavailable};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
@@ -133,6 +134,25 @@ enum Command {
     },
     /// The classic middleware scenarios: typed payloads, many clients, slow handlers, ORB shape.
     Scenario(scenario_cmd::ScenarioArgs),
+    /// One report from a run on this machine and runs on an emulated one (`--json-out`
+    /// files): the emulated rows are marked `NAME*` and only their ratios compare. `cargo
+    /// xtask bench` uses it for the verbs rows it measures in the soft-RoCE guest.
+    Merge {
+        /// The report of this machine's run.
+        base: PathBuf,
+        /// Reports measured on the emulated machine.
+        #[arg(required = true)]
+        emulated: Vec<PathBuf>,
+        /// How the emulated machine is described in the notes.
+        #[arg(
+            long,
+            default_value = "in the soft-RoCE guest under QEMU software emulation"
+        )]
+        machine: String,
+        /// Print the merged report as JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check the environment and say what to fix.
     Doctor {
         /// Print the findings as JSON.
@@ -226,6 +246,10 @@ struct RunArgs {
     /// Print the report as JSON on stdout instead of tables.
     #[arg(long)]
     json: bool,
+    /// Also write the report as JSON to this file (the tables still print): what
+    /// `bench merge` reads.
+    #[arg(long, value_name = "FILE.json")]
+    json_out: Option<PathBuf>,
     /// Write an SVG plot to this file: per client thread count, Mbit/s (raw, RPC, os or link)
     /// and utilization (rpc/raw, raw/os, rpc/os) vs message size.
     #[arg(long, value_name = "FILE.svg")]
@@ -372,6 +396,12 @@ fn main() -> ExitCode {
             run,
         }) => client(&host, transport, &run),
         Some(Command::Scenario(a)) => scenario_cmd::run(&a),
+        Some(Command::Merge {
+            base,
+            emulated,
+            machine,
+            json,
+        }) => merge(&base, &emulated, &machine, json),
         Some(Command::Doctor { json }) => doctor::run(json),
     };
     match result {
@@ -685,7 +715,7 @@ fn finish(
 ) -> Result<(), String> {
     let diagnosis = transports.iter().filter_map(report::diagnose).collect();
     let report = Report {
-        version: env!("CARGO_PKG_VERSION"),
+        version: env!("CARGO_PKG_VERSION").to_string(),
         placement,
         settings,
         transports,
@@ -696,14 +726,38 @@ fn finish(
     if let Some(path) = &args.plot {
         plot::write_svg(&report, path)?;
     }
+    let json = || serde_json::to_string_pretty(&report).map_err(|e| e.to_string());
+    if let Some(path) = &args.json_out {
+        std::fs::write(path, json()? + "\n")
+            .map_err(|e| format!("--json-out {}: {e}", path.display()))?;
+    }
     if args.json {
-        let s = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-        println!("{s}");
+        println!("{}", json()?);
     } else {
         print!("{}", report.render());
         if let Some(path) = &args.plot {
             println!("plot written to {}", path.display());
         }
+    }
+    Ok(())
+}
+
+/// `bench merge`: reads the reports and prints them as one.
+fn merge(base: &Path, emulated: &[PathBuf], machine: &str, json: bool) -> Result<(), String> {
+    let read = |path: &Path| -> Result<Report, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_str(&text)
+            .map_err(|e| format!("{}: not a bench JSON report: {e}", path.display()))
+    };
+    let mut report = read(base)?;
+    for path in emulated {
+        report.merge_emulated(read(path)?, machine);
+    }
+    if json {
+        let s = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        println!("{s}");
+    } else {
+        print!("{}", report.render());
     }
     Ok(())
 }

@@ -6,7 +6,7 @@ use crate::sys;
 use bytes::Bytes;
 use futures_util::stream::{self, StreamExt};
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use transport_core::rpc::{ClientConfig, RpcClient};
@@ -15,7 +15,7 @@ use transport_core::{
 };
 
 /// What is measured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Op {
     /// Latency: 1-byte raw ping-pong vs `void o()` RPC.
@@ -55,7 +55,7 @@ pub struct Peer<'a, T: Transport> {
 }
 
 /// Raw backend connection or RPC over it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Layer {
     /// The backend's `Connection`, no RPC.
@@ -486,7 +486,7 @@ async fn rpc_op<S: MessageSender>(
 }
 
 /// Per-call (per-message) figures derived from a measurement's counters.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct CostFigures {
     /// Payload bytes copied in user space per payload byte moved, by the client and (in
     /// local mode) the server.

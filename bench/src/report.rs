@@ -1,11 +1,11 @@
 //! The report: terminal tables, the diagnosis, JSON.
 
 use crate::suite::{BaselineKind, Cell, Settings, Stat, TransportReport};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
 /// Where the client and server ran.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Placement {
     /// `local` (both in this process) or `remote` (client of `bench server` on another host).
     pub mode: String,
@@ -20,7 +20,7 @@ pub struct Placement {
 }
 
 /// A transport that was not measured, and why.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Unavailable {
     /// Backend name.
     pub transport: String,
@@ -29,7 +29,7 @@ pub struct Unavailable {
 }
 
 /// The diagnosis of one transport.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Diagnosis {
     /// Backend name.
     pub transport: String,
@@ -72,10 +72,10 @@ pub struct Diagnosis {
 }
 
 /// The whole run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     /// Tool version.
-    pub version: &'static str,
+    pub version: String,
     /// Placement of client and server.
     pub placement: Placement,
     /// What was measured.
@@ -456,6 +456,45 @@ impl Report {
         }
     }
 
+    /// Adds the transports that `other` measured on an emulated machine, described by
+    /// `machine` (`cargo xtask bench`: verbs in the soft-RoCE guest), to this report's tables.
+    /// Their rows are named `NAME*`, with a note that says where and how they were measured
+    /// and that only their ratios compare with this machine's rows; this report's
+    /// "unavailable" line for the same transport goes. Their diagnosis lines come along.
+    pub fn merge_emulated(&mut self, other: Report, machine: &str) {
+        let placement = other.placement.summary;
+        for mut t in other.transports {
+            let name = std::mem::take(&mut t.transport);
+            self.unavailable.retain(|u| u.transport != name);
+            t.transport = format!("{name}*");
+            t.notes.insert(
+                0,
+                format!(
+                    "* measured {machine}; placement: {placement}; compare its ratios (against \
+                     its own {}), not its figures, with the rows of this machine",
+                    t.os_baseline.kind.column()
+                ),
+            );
+            t.emulated = Some(format!("{machine}; placement: {placement}"));
+            self.transports.push(t);
+        }
+        for mut d in other.diagnosis {
+            // The verdicts start with the transport's name: mark them as the rows are.
+            let mark = |v: &mut String| {
+                if v.starts_with(&d.transport) {
+                    v.insert(d.transport.len(), '*');
+                }
+            };
+            mark(&mut d.verdict);
+            if let Some(v) = d.latency_verdict.as_mut() {
+                mark(v);
+            }
+            d.transport.push('*');
+            self.diagnosis.push(d);
+        }
+        self.wall_seconds += other.wall_seconds;
+    }
+
     /// What the title says the run measured against: `, against the OS's own sockets (uds,
     /// tcp) and the link (verbs)`, naming only the limits that were measured; empty when none
     /// was.
@@ -799,6 +838,7 @@ pub(crate) mod tests {
                 Baseline::not_measured("remote mode")
             },
             notes: Vec::new(),
+            emulated: None,
             ping: Some(PingRow {
                 raw_os_latency_ratio: os.as_ref().map(|_| 1.2),
                 rpc_os_latency_ratio: os.as_ref().map(|_| 1.5),
@@ -810,6 +850,70 @@ pub(crate) mod tests {
             }),
             cells: vec![cell(Op::Send, with_os), cell(Op::Echo, false)],
         }
+    }
+
+    /// A report survives JSON both ways (what `bench merge` reads is what `--json-out`
+    /// wrote), and merging an emulated run puts its rows in the same tables, marked, with a
+    /// note naming the machine and its placement, and drops this run's "unavailable" line.
+    #[test]
+    fn merged_emulated_rows_share_the_tables_and_say_where_they_were_measured() {
+        let mut host = report(vec![transport("uds", true)]);
+        host.unavailable.push(Unavailable {
+            transport: "verbs".into(),
+            reason: "no RDMA device".into(),
+        });
+        let mut verbs = transport("verbs", true);
+        verbs.os_baseline = Baseline::link();
+        let mut guest = report(vec![verbs]);
+        guest.placement.summary = "no pinning (2 CPUs allowed)".into();
+        guest
+            .diagnosis
+            .push(diagnose(&guest.transports[0]).expect("a diagnosis"));
+        let json = serde_json::to_string(&guest).expect("serialize");
+        let guest: Report = serde_json::from_str(&json).expect("deserialize");
+        host.merge_emulated(guest, "in the test guest");
+
+        assert!(host.unavailable.is_empty(), "{:?}", host.unavailable);
+        assert_eq!(host.transports[1].transport, "verbs*");
+        assert_eq!(
+            host.transports[1].emulated.as_deref(),
+            Some("in the test guest; placement: no pinning (2 CPUs allowed)")
+        );
+        let text = host.render();
+        let uds = row(&text, "Latency", &["uds"]);
+        let verbs = row(&text, "Latency", &["verbs*"]);
+        assert_eq!(uds.len(), verbs.len(), "{text}");
+        assert!(
+            row(&text, "Throughput", &["verbs*", "send"]).len() > 5,
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "verbs*     * measured in the test guest; placement: no pinning (2 CPUs allowed); \
+                 compare its ratios (against its own link), not its figures, with the rows of \
+                 this machine"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("the link (verbs*)"), "{text}");
+        assert_eq!(host.diagnosis[0].transport, "verbs*");
+        assert!(
+            host.diagnosis[0].verdict.starts_with("verbs*:"),
+            "{:?}",
+            host.diagnosis[0]
+        );
+        let latency = host.diagnosis[0]
+            .latency_verdict
+            .as_deref()
+            .expect("a latency line");
+        assert!(latency.starts_with("verbs* latency:"), "{latency}");
+        // The marker stays out of this machine's own rows in JSON.
+        let v: serde_json::Value = serde_json::to_value(&host).expect("json");
+        assert!(v["transports"][0].get("emulated").is_none());
+        assert_eq!(
+            v["transports"][1]["emulated"],
+            "in the test guest; placement: no pinning (2 CPUs allowed)"
+        );
     }
 
     /// The latency line names wake-ups when RPC's round trip has more context switches than
@@ -902,7 +1006,7 @@ pub(crate) mod tests {
             client_core: Some(0),
         };
         Report {
-            version: "test",
+            version: "test".into(),
             placement: placement(),
             settings,
             transports,

@@ -4,12 +4,12 @@
 use crate::measure::{self, CostFigures, Job, Layer, Op, Outcome, Peer};
 use crate::os;
 use indicatif::ProgressBar;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use transport_core::Transport;
 
 /// What to measure.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Settings {
     /// Payload sizes in bytes.
     pub sizes: Vec<usize>,
@@ -102,7 +102,7 @@ pub fn raw_twin(op: Op) -> Op {
 }
 
 /// min / median / max of repeated runs.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct Stat {
     /// Smallest.
     pub min: f64,
@@ -134,7 +134,7 @@ impl Stat {
 }
 
 /// Throughput figures of one side of a cell.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Figures {
     /// Payload Mbit/s.
     pub mbit_s: Stat,
@@ -147,7 +147,7 @@ pub struct Figures {
 }
 
 /// Latency figures of one side of the ping row.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Latency {
     /// Mean µs per round trip, per run.
     pub us_per_call: Stat,
@@ -164,7 +164,7 @@ pub struct Latency {
 }
 
 /// OS ping-pong, raw ping-pong and RPC `void o()`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PingRow {
     /// 1-byte ping-pong over blocking OS sockets without a runtime (the machine's limit);
     /// `None` when not measured (see [`TransportReport::os_baseline`]).
@@ -187,7 +187,7 @@ pub struct PingRow {
 }
 
 /// One throughput cell.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Cell {
     /// The RPC operation.
     pub op: Op,
@@ -219,7 +219,7 @@ pub struct Cell {
 }
 
 /// What a transport's `os` columns were measured against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BaselineKind {
     /// The OS's own blocking sockets, no runtime (uds and tcp in local mode).
@@ -243,7 +243,7 @@ impl BaselineKind {
 /// The limit a transport was measured against (the `os` columns): its kind, and what it is or
 /// why it was not measured. In JSON, `os_baseline_kind` (`sockets`, `link`, `not_measured`)
 /// and `os_baseline` (the text) beside the transport's other fields.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Baseline {
     /// The kind of limit.
     #[serde(rename = "os_baseline_kind")]
@@ -285,7 +285,7 @@ impl Baseline {
 }
 
 /// Everything measured on one transport.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TransportReport {
     /// Backend name.
     pub transport: String,
@@ -299,6 +299,11 @@ pub struct TransportReport {
     /// What else the reader should know about this transport's run (verbs: the polling mode
     /// and the memory per connection).
     pub notes: Vec<String>,
+    /// Where the transport was measured when that is not this machine: an emulated one
+    /// (`cargo xtask bench` measures verbs in the soft-RoCE guest), whose figures compare
+    /// with each other but not with this machine's. Absent for this machine's own rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emulated: Option<String>,
 }
 
 fn sum_outcomes(runs: &[Outcome]) -> CostFigures {
@@ -583,5 +588,6 @@ pub fn run<T: Transport + Clone>(
         ping,
         cells,
         notes: Vec::new(),
+        emulated: None,
     })
 }

@@ -469,3 +469,71 @@ fn ops_are_honoured_exactly() {
         "no empty throughput table: {out}"
     );
 }
+
+/// `--json-out` writes the report beside the tables, and `bench merge` prints two runs as one
+/// report: the second run's rows marked as emulated, in the same tables (what `cargo xtask
+/// bench` does with the verbs rows it measures in the soft-RoCE guest; tcp stands in here).
+#[test]
+fn json_out_and_merge_print_two_runs_in_one_table() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (host, guest) = (dir.path().join("host.json"), dir.path().join("guest.json"));
+    for (transport, file) in [("uds", &host), ("tcp", &guest)] {
+        let mut args = vec![
+            "--transports",
+            transport,
+            "--json-out",
+            file.to_str().unwrap(),
+        ];
+        args.extend_from_slice(TINY);
+        let o = bench(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(text.contains("Latency:"), "the tables still print: {text}");
+    }
+    let o = bench(&[
+        "merge",
+        host.to_str().unwrap(),
+        guest.to_str().unwrap(),
+        "--machine",
+        "in a stand-in guest",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let latency = &text[text.find("Latency:").expect("latency table")..];
+    let rows: Vec<&str> = latency
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .filter(|l| {
+            let mut cells = l.split_whitespace();
+            matches!(cells.next(), Some("uds" | "tcp*"))
+                && cells.next().is_some_and(|c| c.parse::<f64>().is_ok())
+        })
+        .collect();
+    assert_eq!(rows.len(), 2, "one latency table holds both rows: {text}");
+    assert!(text.contains("* measured in a stand-in guest"), "{text}");
+
+    let o = bench(&[
+        "merge",
+        host.to_str().unwrap(),
+        guest.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let names: Vec<&str> = v["transports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["transport"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["uds", "tcp*"]);
+    assert!(v["transports"][1]["emulated"].is_string());
+
+    let o = bench(&[
+        "merge",
+        host.to_str().unwrap(),
+        dir.path().join("none.json").to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("none.json"), "{}", stderr(&o));
+}

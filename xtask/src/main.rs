@@ -93,7 +93,8 @@ fn run_tests(args: &[String]) -> Result<(), String> {
 }
 
 /// The README's main command: the transport comparison. On a host without an RDMA device
-/// the verbs rows are measured in the soft-RoCE guest afterwards (`--no-guest` skips that).
+/// the verbs rows are measured in the soft-RoCE guest afterwards and printed in one report
+/// with the host's rows (`bench merge`); `--no-guest` skips that.
 fn run_bench(args: &[String]) -> Result<(), String> {
     deps::ensure_build_deps()?;
     let no_guest = args.iter().any(|a| a == "--no-guest");
@@ -102,15 +103,49 @@ fn run_bench(args: &[String]) -> Result<(), String> {
         .filter(|a| *a != "--no-guest")
         .cloned()
         .collect();
+    let guest = !no_guest && local_mode(&args) && wants_verbs(&args) && !has_rdma_device();
+    let bench = testbed::target_dir().join("release/bench");
+    let host_json = testbed::target_dir().join("bench-host.json");
     let mut full = vec!["run", "--quiet", "--release", "-p", "bench", "--"];
     full.extend(args.iter().map(String::as_str));
+    let host_json_arg = host_json.to_string_lossy().into_owned();
+    if guest {
+        full.extend(["--json-out", &host_json_arg]);
+    }
     util::run("cargo", &full)?;
-    // Only local mode (no subcommand, or `local`) compares transports on this machine.
-    let other_mode = args.iter().any(|a| {
+    if !guest {
+        return Ok(());
+    }
+    eprintln!(
+        "\nxtask: no RDMA device on this host: measuring the verbs rows in the soft-RoCE guest \
+         (QEMU software emulation: compare with perftest's figures of the same boot, not with \
+         the host's rows; --no-guest skips this)"
+    );
+    let guest_report = testbed::bench_in_guest(&bench, &args)?;
+    if guest_report.trim().is_empty() {
+        return Err("the guest's bench printed no report to merge".into());
+    }
+    let guest_json = testbed::target_dir().join("bench-guest.json");
+    std::fs::write(&guest_json, guest_report)
+        .map_err(|e| format!("{}: {e}", guest_json.display()))?;
+    eprintln!("\nxtask: this host's rows and the guest's verbs rows (marked *) in one report:\n");
+    let guest_json_arg = guest_json.to_string_lossy().into_owned();
+    let mut merge = vec!["merge", host_json_arg.as_str(), guest_json_arg.as_str()];
+    if args.iter().any(|a| a == "--json") {
+        merge.push("--json");
+    }
+    util::run(&bench.to_string_lossy(), &merge)
+}
+
+/// Whether `bench` runs in local mode (no subcommand, or `local`): only that mode compares
+/// transports on this machine.
+fn local_mode(args: &[String]) -> bool {
+    !args.iter().any(|a| {
         [
             "server",
             "client",
             "scenario",
+            "merge",
             "doctor",
             "help",
             "--help",
@@ -119,29 +154,42 @@ fn run_bench(args: &[String]) -> Result<(), String> {
             "-V",
         ]
         .contains(&a.as_str())
-    });
-    let local = !other_mode;
-    let wants_verbs = match args.iter().position(|a| a == "--transports") {
+    })
+}
+
+/// Whether the run includes verbs (`--transports` names it, or is not given).
+fn wants_verbs(args: &[String]) -> bool {
+    match args.iter().position(|a| a == "--transports") {
         Some(i) => args
             .get(i + 1)
             .is_some_and(|t| t.split(',').any(|t| t == "verbs")),
         None => !args
             .iter()
             .any(|a| a.starts_with("--transports=") && !a.contains("verbs")),
-    };
-    if no_guest || !local || !wants_verbs || has_rdma_device() {
-        return Ok(());
     }
-    eprintln!(
-        "\nxtask: no RDMA device on this host: measuring the verbs rows in the soft-RoCE guest \
-         (QEMU software emulation: compare with perftest's figures of the same boot, not with \
-         the host's rows; --no-guest skips this)"
-    );
-    let bench = testbed::target_dir().join("release/bench");
-    testbed::bench_in_guest(&bench, &args)
 }
 
 /// Whether this host has an RDMA device (`/sys/class/infiniband` lists one).
 fn has_rdma_device() -> bool {
     std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{local_mode, wants_verbs};
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    /// The guest runs only for a local comparison that includes verbs.
+    #[test]
+    fn the_guest_runs_for_local_comparisons_with_verbs() {
+        assert!(local_mode(&args("--sizes 1K")) && wants_verbs(&args("--sizes 1K")));
+        assert!(wants_verbs(&args("--transports uds,verbs")));
+        assert!(!wants_verbs(&args("--transports uds,tcp")));
+        assert!(!wants_verbs(&args("--transports=uds")));
+        assert!(!local_mode(&args("client host")));
+        assert!(!local_mode(&args("merge a.json b.json")));
+    }
 }

@@ -101,6 +101,10 @@ pub struct GuestSpec {
     pub deadline: Duration,
 }
 
+/// The prefix of console lines that carry data for the host rather than output for the
+/// user: they are logged and kept in the transcript, not echoed (see [`Outcome::data`]).
+pub const DATA: &str = "XTASK-DATA ";
+
 /// How a guest ended.
 #[derive(Debug)]
 pub struct Outcome {
@@ -151,6 +155,18 @@ impl Outcome {
             Some(0) => format!("{who} reported rc 0 but QEMU ended with {status}"),
             Some(rc) => format!("{who} failed: its commands exited with rc {rc}"),
         }
+    }
+
+    /// The data lines ([`DATA`]) the guest printed, without the prefix, in order.
+    pub fn data(&self) -> String {
+        self.transcript
+            .iter()
+            .filter_map(|l| l.strip_prefix(DATA))
+            .fold(String::new(), |mut out, l| {
+                out.push_str(l);
+                out.push('\n');
+                out
+            })
     }
 
     /// `(step, "ok 1.2s" | "FAIL rc=N 1.2s")` for each finished step.
@@ -318,7 +334,8 @@ fn reader(
             }
             let line = String::from_utf8_lossy(&buf);
             let line = line.trim_end_matches(['\n', '\r']).replace('\r', "");
-            {
+            // Data for the host (a report to merge) is kept, not shown.
+            if !line.starts_with(DATA) {
                 let mut out = std::io::stdout().lock();
                 let _ = writeln!(out, "{prefix}{line}");
                 let _ = out.flush();
@@ -463,6 +480,28 @@ mod tests {
         assert_eq!(t.len(), 15);
         assert_eq!(&t[8..9], "-");
         assert!(t.starts_with("20"));
+    }
+
+    /// Data lines come back whole and in order, without their prefix; other lines are left.
+    #[test]
+    fn data_lines_are_collected_without_their_prefix() {
+        let lines = [
+            "bench 0.1.0: a table line",
+            "XTASK-DATA {",
+            "XTASK-DATA   \"version\": \"0.1.0\"",
+            "=== TESTBED-STEP-END bench:verbs ok 3.1s",
+            "XTASK-DATA }",
+        ];
+        let o = Outcome {
+            label: String::new(),
+            rc: Some(0),
+            status: None,
+            killed: None,
+            transcript: lines.iter().map(|s| s.to_string()).collect(),
+            ready_after: None,
+            elapsed: Duration::ZERO,
+        };
+        assert_eq!(o.data(), "{\n  \"version\": \"0.1.0\"\n}\n");
     }
 
     #[test]

@@ -562,7 +562,9 @@ pub fn guest_bench_args(user: &[String]) -> Vec<String> {
 /// `ib_send_lat` (2 B), `ib_send_bw` (64 KiB) and `ib_write_bw` (64 KiB, 1 MiB), then the
 /// bench's verbs rows (`bench` built for the host, shared read-only), all in one boot.
 /// Figures under emulation mean nothing absolute: compare them with perftest's of the same boot.
-pub fn bench_in_guest(bench: &Path, user_args: &[String]) -> Result<(), String> {
+///
+/// Returns the guest bench's report as JSON (its `--json-out`), for `bench merge`.
+pub fn bench_in_guest(bench: &Path, user_args: &[String]) -> Result<String, String> {
     let started = Instant::now();
     let bed = Bed::prepare()?;
     let share = bed.new_share()?;
@@ -620,10 +622,15 @@ pub fn bench_in_guest(bench: &Path, user_args: &[String]) -> Result<(), String> 
         .map(|a| script::sh_quote(a))
         .collect();
     const BENCH_SECS: u32 = 1500;
+    // The report goes to the host as data lines (not shown), for `bench merge`.
     s.step(
         "bench:verbs",
         BENCH_SECS,
-        &format!("{guest} {}", args.join(" ")),
+        &format!(
+            "{guest} {} --json-out /tmp/bench-guest.json && sed 's/^/{}/' /tmp/bench-guest.json",
+            args.join(" "),
+            guest::DATA
+        ),
     );
     share.write("run.sh", &s.finish())?;
     let log = Log::create(&bed.cache.join("logs"), "bench")?;
@@ -631,7 +638,8 @@ pub fn bench_in_guest(bench: &Path, user_args: &[String]) -> Result<(), String> 
         vec![single_guest(&share, 6 * 120 + BENCH_SECS + 30, None)],
         &log,
     )?;
-    report(&outcomes, &log, started)
+    report(&outcomes, &log, started)?;
+    Ok(outcomes.iter().map(guest::Outcome::data).collect())
 }
 
 /// Runs the verbs test suite in the guest. Fails (never skips) when the bed cannot run.
