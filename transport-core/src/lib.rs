@@ -42,7 +42,6 @@ mod metrics;
 pub mod rpc;
 pub mod spin;
 pub mod stream;
-mod stream_socket;
 mod transport;
 
 #[cfg(feature = "conformance")]

@@ -42,7 +42,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, Sleep};
 use tokio_util::codec::Decoder;
 
-pub use crate::stream_socket::{SocketReceiver, SocketSender, StreamConnection, StreamSocket};
+mod socket;
+pub use socket::{SocketReceiver, SocketSender, StreamConnection, StreamSocket};
 
 /// Default largest message: 64 MiB.
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 64 << 20;

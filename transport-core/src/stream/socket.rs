@@ -13,7 +13,7 @@
 //! # Ok(()) }
 //! ```
 
-use crate::stream::{StreamConfig, StreamReceiver, StreamSender};
+use super::{StreamConfig, StreamReceiver, StreamSender};
 use crate::{Capabilities, Connection, Metrics};
 use std::fmt::Debug;
 use std::os::fd::AsRawFd;
