@@ -52,13 +52,32 @@ fn lock(w: &Waiting) -> std::sync::MutexGuard<'_, Vec<RawFd>> {
 }
 
 /// The function to pass to tokio's `Builder::on_thread_park`: spins for at most `budget`
-/// before the thread parks (see the [module docs](self)). A zero budget never spins.
+/// before the thread parks (see the [module docs](self)). A zero budget never spins, and
+/// neither does any budget where this process may use one CPU only ([`useful_budget`]).
 pub fn park_hook(budget: Duration) -> impl Fn() + Send + Sync + 'static {
+    let budget = useful_budget(budget, available_cpus());
     if !budget.is_zero() {
         ENABLED.store(true, Ordering::Relaxed);
     }
     move || {
         spin_before_park(budget);
+    }
+}
+
+/// The CPUs this process may run on (its affinity and cgroup quota, as
+/// [`std::thread::available_parallelism`] reads them); 1 when that cannot be told.
+pub fn available_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The spin budget that can help with `cpus` CPUs available: `budget`, or zero on a single
+/// CPU, where the peer (another process or thread on the same machine) can only run once this
+/// thread stops: spinning there delays the reply it waits for.
+pub fn useful_budget(budget: Duration, cpus: usize) -> Duration {
+    if cpus <= 1 {
+        Duration::ZERO
+    } else {
+        budget
     }
 }
 
@@ -171,6 +190,18 @@ pub(crate) async fn spinning<F: Future>(fd: Option<RawFd>, read: F) -> F::Output
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One CPU: no spin, whatever the budget (the peer cannot run while this thread spins);
+    /// more: the budget as given.
+    #[test]
+    fn a_single_cpu_turns_spinning_off() {
+        let budget = Duration::from_micros(50);
+        assert_eq!(useful_budget(budget, 1), Duration::ZERO);
+        assert_eq!(useful_budget(budget, 0), Duration::ZERO);
+        assert_eq!(useful_budget(budget, 2), budget);
+        assert_eq!(useful_budget(Duration::ZERO, 8), Duration::ZERO);
+        assert!(available_cpus() >= 1);
+    }
     use std::io::Write;
     use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixStream;
@@ -179,7 +210,9 @@ mod tests {
     /// existence) until it completes; a read that completes at once never registers.
     #[tokio::test]
     async fn a_pending_read_is_registered_until_it_completes() {
-        let _hook = park_hook(Duration::from_micros(1));
+        // What a hook with a budget does (set directly: on a single CPU a hook never spins,
+        // and registers nothing).
+        ENABLED.store(true, Ordering::Relaxed);
         let waiting = || WAITING.with(|w| lock(w).clone());
         let (a, _b) = UnixStream::pair().unwrap();
         let fd = a.as_raw_fd();
