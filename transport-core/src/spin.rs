@@ -64,10 +64,23 @@ pub fn park_hook(budget: Duration) -> impl Fn() + Send + Sync + 'static {
     }
 }
 
-/// The CPUs this process may run on (its affinity and cgroup quota, as
-/// [`std::thread::available_parallelism`] reads them); 1 when that cannot be told.
+/// The CPUs this process may run on: the affinity of its main thread (what `taskset` or a
+/// cpuset gave the process). Not the calling thread's own: a thread pinned to one CPU (bench's
+/// `--pin split` pins client and server threads to a CPU each) may still have its peer on
+/// another. Falls back to [`std::thread::available_parallelism`], then 1.
 pub fn available_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity writes at most
+    // size_of::<cpu_set_t>() bytes into it, and CPU_COUNT only reads it.
+    let counted = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        (libc::sched_getaffinity(libc::getpid(), size, &mut set) == 0)
+            .then(|| libc::CPU_COUNT(&set) as usize)
+    };
+    match counted {
+        Some(n) if n > 0 => n,
+        _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    }
 }
 
 /// The spin budget that can help with `cpus` CPUs available: `budget`, or zero on a single
@@ -201,6 +214,25 @@ mod tests {
         assert_eq!(useful_budget(budget, 2), budget);
         assert_eq!(useful_budget(Duration::ZERO, 8), Duration::ZERO);
         assert!(available_cpus() >= 1);
+    }
+
+    /// A thread pinned to one CPU still sees the process's CPUs: its peer may run on another.
+    #[test]
+    fn a_pinned_thread_sees_the_process_cpus() {
+        let process = available_cpus();
+        let seen = std::thread::spawn(|| {
+            // SAFETY: as in `available_cpus`; CPU_SET writes within the set, and
+            // sched_setaffinity(0, ..) reads it and changes this (spawned) thread only.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(0, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+            available_cpus()
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(seen, process);
     }
     use std::io::Write;
     use std::os::fd::AsRawFd;
