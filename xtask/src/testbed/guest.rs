@@ -482,6 +482,19 @@ mod tests {
         assert!(t.starts_with("20"));
     }
 
+    /// A guest that passed after printing `lines`.
+    fn passed_with(lines: &[&str]) -> Outcome {
+        Outcome {
+            label: String::new(),
+            rc: Some(0),
+            status: None,
+            killed: None,
+            transcript: lines.iter().map(|s| s.to_string()).collect(),
+            ready_after: None,
+            elapsed: Duration::ZERO,
+        }
+    }
+
     /// Data lines come back whole and in order, without their prefix; other lines are left.
     #[test]
     fn data_lines_are_collected_without_their_prefix() {
@@ -492,15 +505,7 @@ mod tests {
             "=== TESTBED-STEP-END bench:verbs ok 3.1s",
             "XTASK-DATA }",
         ];
-        let o = Outcome {
-            label: String::new(),
-            rc: Some(0),
-            status: None,
-            killed: None,
-            transcript: lines.iter().map(|s| s.to_string()).collect(),
-            ready_after: None,
-            elapsed: Duration::ZERO,
-        };
+        let o = passed_with(&lines);
         assert_eq!(o.data(), "{\n  \"version\": \"0.1.0\"\n}\n");
     }
 
@@ -515,15 +520,7 @@ mod tests {
             "1000 iters in 0.31 seconds = 311.00 usec/iter",
             "=== TESTBED-STEP-END ibv_rc_pingpong FAIL rc=1 0.9s",
         ];
-        let o = Outcome {
-            label: String::new(),
-            rc: Some(0),
-            status: None,
-            killed: None,
-            transcript: lines.iter().map(|s| s.to_string()).collect(),
-            ready_after: None,
-            elapsed: Duration::ZERO,
-        };
+        let o = passed_with(&lines);
         let f = o.figures();
         assert_eq!(f.len(), 2);
         assert_eq!(f[0].0, "ib_send_bw");
