@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sideway::ibverbs::completion::CompletionChannel;
-use sideway::ibverbs::queue_pair::{QueuePairState, QueuePairType};
+use sideway::ibverbs::queue_pair::QueuePairState;
 use sideway::ibverbs::AccessFlags;
 use sideway::rdmacm::communication_manager::{
     ConnectionParameter, EventChannel, EventType, Identifier,
@@ -17,7 +17,7 @@ use transport_core::TransportError;
 
 use crate::config::VerbsConfig;
 use crate::domain::{Domains, Member};
-use crate::ffi::{Access, Endpoint, OwnedRegion, CTRL_SLOT};
+use crate::ffi::{Access, Endpoint, OwnedRegion, RawQp, RecvQueue, CTRL_SLOT};
 use crate::pool::{Pool, PoolBuf};
 
 /// The verbs resources of one connection.
@@ -28,6 +28,19 @@ pub(crate) struct Resources {
     pub(crate) device: String,
     /// Counts this connection in its domain; dropped after the endpoint.
     pub(crate) member: Member,
+    /// Receives through the device's shared receive queue (not a queue of its own).
+    pub(crate) shared_recv: bool,
+}
+
+/// Where a connection's queue pair receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RecvMode {
+    /// Through the device's shared receive queue when the configuration has one
+    /// (`srq_depth > 0`): the transport's connections.
+    Shared,
+    /// Into `recv_depth` buffers of its own: the link measurement (perftest does the same)
+    /// and the test peer.
+    Own,
 }
 
 /// A connection whose queue pair is connected and whose receive buffers are posted: what
@@ -40,8 +53,12 @@ pub(crate) struct Established {
     pub(crate) peer: String,
 }
 
-/// Posts the initial receive buffers (before the peer can send).
+/// Posts the initial receive buffers (before the peer can send); nothing to do for a queue
+/// pair that receives through the device's shared receive queue (filled when it was made).
 fn prepost(mut r: Resources, cfg: &VerbsConfig) -> Result<Resources, TransportError> {
+    if r.shared_recv {
+        return Ok(r);
+    }
     for _ in 0..cfg.recv_depth {
         let b = r.pool.get_recv(cfg.recv_buf_size())?;
         if r.ep.stage_recv(b).is_err() {
@@ -218,6 +235,7 @@ fn resources(
     cfg: &VerbsConfig,
     domains: &Domains,
     addr: &SocketAddr,
+    mode: RecvMode,
 ) -> Result<Resources, TransportError> {
     let ctx = id
         .get_device_context()
@@ -233,6 +251,8 @@ fn resources(
     let comp =
         CompletionChannel::new(&ctx).map_err(|e| cm_err("ibv_create_comp_channel", addr, e))?;
     comp.set_nonblocking(true)?;
+    // With a shared receive queue a peer's messages are bounded by its credits (recv_depth),
+    // not by a queue of this QP's own: the CQ has room for both queues either way.
     let cqe = (cfg.send_depth + cfg.recv_depth + 16) as u32;
     let cq = ctx
         .create_cq_builder()
@@ -240,23 +260,23 @@ fn resources(
         .setup_comp_channel(&comp, 0)
         .build()
         .map_err(|e| cm_err("ibv_create_cq", addr, e))?;
+    let srq = match mode {
+        RecvMode::Shared => domain.srq.clone(),
+        RecvMode::Own => None,
+    };
     let mut inline = cfg.inline_size as u32;
-    let qp = loop {
-        let mut b = pd.create_qp_builder();
-        b.setup_qp_type(QueuePairType::ReliableConnection)
-            .setup_max_send_wr(cfg.send_depth as u32)
-            .setup_max_recv_wr(cfg.recv_depth as u32)
-            .setup_max_send_sge(2)
-            .setup_max_recv_sge(1)
-            .setup_max_inline_data(inline)
-            .setup_send_cq(cq.clone())
-            .setup_recv_cq(cq.clone());
-        match b.build() {
+    let (qp, caps) = loop {
+        let recv = match &srq {
+            Some(s) => RecvQueue::Shared(s.clone()),
+            None => RecvQueue::Own(cfg.recv_depth),
+        };
+        match RawQp::create(&pd, &cq, cfg.send_depth, recv, inline) {
             Ok(qp) => break qp,
             Err(_) if inline > 0 => inline = 0,
             Err(e) => return Err(cm_err("ibv_create_qp", addr, e)),
         }
     };
+    let inline = caps.max_inline_data.min(inline);
     let metrics = Arc::new(transport_core::Metrics::default());
     let pool = domain.pool.for_connection(metrics.clone());
     let ctrl =
@@ -275,21 +295,29 @@ fn resources(
         pd.clone(),
         ctrl,
         cfg.send_depth,
-        cfg.recv_depth,
+        match &srq {
+            Some(s) => Err(s.clone()),
+            None => Ok(cfg.recv_depth),
+        },
         inline as usize,
     );
-    let member = domain.join(
-        cfg.send_depth * CTRL_SLOT,
-        cfg.recv_depth * cfg.recv_buf_size(),
-    );
+    let posted = match &srq {
+        Some(_) => 0,
+        None => cfg.recv_depth * cfg.recv_buf_size(),
+    };
+    let member = domain.join(cfg.send_depth * CTRL_SLOT, posted);
     Ok(Resources {
         ep,
         pool,
         metrics,
         device,
         member,
+        shared_recv: srq.is_some(),
     })
 }
+
+/// The RNR NAK delay this side asks for: code 7, 0.12 ms (InfiniBand's encoding).
+const MIN_RNR_TIMER: u8 = 7;
 
 fn init_attr(
     id: &Identifier,
@@ -313,8 +341,16 @@ fn to_state(
     let attr = if state == QueuePairState::Init {
         init_attr(id, addr)?
     } else {
-        id.get_qp_attr(state)
-            .map_err(|e| cm_err("QP attributes", addr, e))?
+        let mut attr = id
+            .get_qp_attr(state)
+            .map_err(|e| cm_err("QP attributes", addr, e))?;
+        if state == QueuePairState::ReadyToReceive {
+            // rdma_cm asks for the longest RNR delay (code 0: 655 ms). With a shared receive
+            // queue a burst across many connections can find it empty for a moment; the
+            // sender's device then retries (rnr_retry 7: without limit) after this delay.
+            attr.setup_min_rnr_timer(MIN_RNR_TIMER);
+        }
+        attr
     };
     r.ep.modify(&attr)
         .map_err(|e| cm_err("ibv_modify_qp", addr, e))
@@ -326,6 +362,7 @@ pub(crate) async fn connect(
     domains: Arc<Domains>,
     cfg: Arc<VerbsConfig>,
     addr: SocketAddr,
+    mode: RecvMode,
 ) -> Result<Established, TransportError> {
     let id = ch
         .create_id(sideway::rdmacm::communication_manager::PortSpace::Tcp)
@@ -355,7 +392,7 @@ pub(crate) async fn connect(
             t + t,
         )
         .await?;
-        let mut r = resources(&id, &cfg, &domains, &addr)?;
+        let mut r = resources(&id, &cfg, &domains, &addr, mode)?;
         to_state(&mut r, &id, QueuePairState::Init, &addr)?;
         // Receives are posted before the peer can send anything.
         let mut r = prepost(r, &cfg)?;
@@ -401,6 +438,7 @@ pub(crate) fn listen(
     domains: Arc<Domains>,
     addr: SocketAddr,
     cfg: Arc<VerbsConfig>,
+    mode: RecvMode,
     on_ready: impl Fn(Established) + Send + Sync + 'static,
 ) -> Result<Listening, TransportError> {
     let backlog = cfg.backlog;
@@ -446,7 +484,7 @@ pub(crate) fn listen(
             let on_ready = on_ready.clone();
             tokio::spawn(async move {
                 // A request whose setup fails is dropped (rejected); the listener goes on.
-                if let Ok(est) = accept(cfg, domains, new_id, bound).await {
+                if let Ok(est) = accept(cfg, domains, new_id, bound, mode).await {
                     on_ready(est);
                 }
             });
@@ -464,12 +502,13 @@ pub(crate) async fn accept(
     domains: Arc<Domains>,
     id: Arc<Identifier>,
     listen_addr: SocketAddr,
+    mode: RecvMode,
 ) -> Result<Established, TransportError> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     id.setup_context(CmSink(tx));
     let addr = listen_addr;
     let result = async {
-        let mut r = resources(&id, &cfg, &domains, &addr)?;
+        let mut r = resources(&id, &cfg, &domains, &addr, mode)?;
         to_state(&mut r, &id, QueuePairState::Init, &addr)?;
         let mut r = prepost(r, &cfg)?;
         to_state(&mut r, &id, QueuePairState::ReadyToReceive, &addr)?;

@@ -20,8 +20,17 @@ pub struct VerbsConfig {
     pub max_message_size: usize,
     /// Largest payload sent eagerly (SEND into a posted buffer); above it: rendezvous.
     pub eager_limit: usize,
-    /// Receive buffers posted per connection (the credits granted to the peer).
+    /// Messages a peer may have in flight towards this side on one connection: the credits
+    /// granted to it. With a shared receive queue (`srq_depth` > 0) this is a quota over the
+    /// device's shared buffers; without one, each connection posts this many buffers.
     pub recv_depth: usize,
+    /// Receive buffers (of `recv_buf_size()` bytes) in the device's shared receive queue, used
+    /// by every connection of the transport on that device, so receive memory does not grow
+    /// with the number of connections. The queue may hold fewer buffers than the credits of
+    /// all connections together: when a burst finds it empty the sender's device retries a
+    /// moment later (an RNR retry, counted by the device, never a loss). 0: every connection
+    /// posts `recv_depth` buffers of its own instead.
+    pub srq_depth: usize,
     /// Send queue depth (work requests in flight, including RDMA READs).
     pub send_depth: usize,
     /// Inline data requested from the device (0 disables inline sends).
@@ -83,6 +92,7 @@ impl Default for VerbsConfig {
             max_message_size: 64 << 20,
             eager_limit: 64 << 10,
             recv_depth: 64,
+            srq_depth: 128,
             send_depth: 128,
             inline_size: 128,
             zero_copy_recv_min: 4096,
@@ -125,6 +135,11 @@ impl VerbsConfig {
         let depth = engine::MIN_DEPTH as usize..=engine::MAX_DEPTH as usize;
         if !depth.contains(&self.recv_depth) {
             return Err(VerbsError::Config("recv_depth must be within 4..=16384"));
+        }
+        if self.srq_depth != 0 && !depth.contains(&self.srq_depth) {
+            return Err(VerbsError::Config(
+                "srq_depth must be 0 (no shared receive queue) or within 4..=16384",
+            ));
         }
         if self.send_depth < 8 {
             return Err(VerbsError::Config("send_depth must be at least 8"));

@@ -17,12 +17,16 @@ use sideway::ibverbs::device_context::DeviceContext;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 
 use crate::config::VerbsConfig;
-use crate::pool::SharedPool;
+use crate::ffi::Srq;
+use crate::pool::{PoolBuf, SharedPool};
 
 /// One device's shared resources.
 pub(crate) struct Domain {
     pub(crate) pd: Arc<ProtectionDomain>,
     pub(crate) pool: SharedPool,
+    /// The shared receive queue of the transport's connections on this device (`srq_depth`
+    /// buffers of `recv_buf_size()` from the pool), if configured.
+    pub(crate) srq: Option<Arc<Srq<PoolBuf>>>,
     /// Bytes registered by connections for themselves (their send slots), right now.
     own: Arc<AtomicUsize>,
     /// Bytes of pool buffers posted as receive buffers by connections, right now.
@@ -83,10 +87,14 @@ pub struct MemoryUse {
     /// and the connections' send slots.
     pub registered_bytes: usize,
     /// The part of `registered_bytes` that connections hold for themselves while they live,
-    /// busy or idle: their send slots (`send_depth` × 128 bytes) and their posted receive
-    /// buffers (`recv_depth` × `recv_buf_size()`). Each connection posts its own receive
-    /// buffers (no shared receive queue yet), so this grows with every connection.
+    /// busy or idle: their send slots (`send_depth` × 128 bytes), plus, without a shared
+    /// receive queue (`srq_depth` 0), their posted receive buffers (`recv_depth` ×
+    /// `recv_buf_size()`).
     pub per_connection_bytes: usize,
+    /// The part of `registered_bytes` posted to the devices' shared receive queues right now
+    /// (`srq_depth` × `recv_buf_size()` per device once its first connection was made), shared
+    /// by every connection: it does not grow with the number of connections.
+    pub shared_receive_bytes: usize,
 }
 
 impl Domains {
@@ -111,9 +119,19 @@ impl Domains {
             cfg.pool_keep_bytes,
             cfg.registration_cache_bytes,
         );
+        let srq = if cfg.srq_depth > 0 {
+            let pool = pool.for_connection(Arc::default());
+            let size = cfg.recv_buf_size();
+            let fresh: crate::ffi::FreshBuf<PoolBuf> =
+                Box::new(move || pool.get_recv(size).map_err(std::io::Error::other));
+            Some(Srq::new(&pd, cfg.srq_depth, size, fresh)?)
+        } else {
+            None
+        };
         let d = Arc::new(Domain {
             pd,
             pool,
+            srq,
             own: Arc::default(),
             posted: Arc::default(),
             connections: Arc::default(),
@@ -131,6 +149,7 @@ impl Domains {
             m.connections += d.connections.load(Ordering::Relaxed);
             m.per_connection_bytes += own + d.posted.load(Ordering::Relaxed);
             m.registered_bytes += own + d.pool.registered_bytes();
+            m.shared_receive_bytes += d.srq.as_ref().map_or(0, |s| s.posted_bytes());
         }
         m
     }

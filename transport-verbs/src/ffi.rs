@@ -31,10 +31,13 @@ use rdma_mummy_sys as sys;
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue};
 use sideway::ibverbs::memory_region::{MemoryRegion, RegisterMemoryRegionError};
 use sideway::ibverbs::protection_domain::ProtectionDomain;
-use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair, QueuePairAttribute, QueuePairState};
+use sideway::ibverbs::queue_pair::{QueuePair, QueuePairAttribute, QueuePairState};
 use sideway::ibverbs::AccessFlags;
 
 use crate::error::WorkRequestKind;
+
+mod srq;
+pub(crate) use srq::{FreshBuf, RawQp, RecvQueue, Srq};
 
 /// What registered memory may be used for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -524,9 +527,10 @@ pub(crate) fn watch<T: AsRawFd>(
 /// A connected RC queue pair with its completion queue and channel, the owners of every
 /// buffer the device may still be using, and the memory windows that expose payloads.
 pub(crate) struct Endpoint<B: LocalMemory> {
-    // Field order is drop order: the QP goes first, so no work request can touch memory below;
-    // then the windows (deallocated, so invalidated) before the payloads they exposed.
-    qp: BasicQueuePair,
+    // Field order is drop order: the QP goes first (`Drop` destroys it before anything else),
+    // so no work request can touch memory below; then the windows (deallocated, so
+    // invalidated) before the payloads they exposed.
+    qp: Option<RawQp>,
     exposed: HashMap<u32, Exposure>,
     free_windows: Vec<Window>,
     cq: Arc<BasicCompletionQueue>,
@@ -539,6 +543,13 @@ pub(crate) struct Endpoint<B: LocalMemory> {
     sq_depth: usize,
     recv: Vec<Option<B>>,
     recv_free: Vec<usize>,
+    /// The device's shared receive queue, if this QP receives through it (then `recv` is
+    /// empty and receive buffers given back go to the SRQ).
+    srq: Option<Arc<Srq<B>>>,
+    /// Buffers given back for the SRQ, posted by the next `ring`.
+    srq_staged: Vec<B>,
+    /// A completion took an SRQ buffer since the last `ring`: refill the SRQ.
+    srq_took: bool,
     staged: Vec<Staged>,
     /// Window binds among `staged` (their keys are recorded after the post).
     staged_binds: usize,
@@ -552,17 +563,21 @@ pub(crate) struct Endpoint<B: LocalMemory> {
 impl<B: LocalMemory> Endpoint<B> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        qp: BasicQueuePair,
+        qp: RawQp,
         cq: Arc<BasicCompletionQueue>,
         channel: Arc<CompletionChannel>,
         pd: Arc<ProtectionDomain>,
         ctrl: OwnedRegion,
         sq_depth: usize,
-        recv_depth: usize,
+        recv: Result<usize, Arc<Srq<B>>>,
         inline_max: usize,
     ) -> Endpoint<B> {
+        let (recv_depth, srq) = match recv {
+            Ok(depth) => (depth, None),
+            Err(srq) => (0, Some(srq)),
+        };
         Endpoint {
-            qp,
+            qp: Some(qp),
             exposed: HashMap::new(),
             free_windows: Vec::new(),
             cq,
@@ -575,6 +590,9 @@ impl<B: LocalMemory> Endpoint<B> {
             sq_depth,
             recv: (0..recv_depth).map(|_| None).collect(),
             recv_free: (0..recv_depth).rev().collect(),
+            srq,
+            srq_staged: Vec::new(),
+            srq_took: false,
             staged: Vec::new(),
             staged_binds: 0,
             sges: Vec::new(),
@@ -766,6 +784,10 @@ impl<B: LocalMemory> Endpoint<B> {
     /// Stages a receive into `buf` (posted by [`Endpoint::ring`]). Fails when the receive table
     /// is full (more buffers than the queue's depth).
     pub(crate) fn stage_recv(&mut self, buf: B) -> Result<(), B> {
+        if self.srq.is_some() {
+            self.srq_staged.push(buf);
+            return Ok(());
+        }
         let Some(slot) = self.recv_free.pop() else {
             return Err(buf);
         };
@@ -783,6 +805,15 @@ impl<B: LocalMemory> Endpoint<B> {
     /// Returns the number of doorbells rung.
     pub(crate) fn ring(&mut self) -> io::Result<u64> {
         let mut doorbells = 0;
+        if let Some(srq) = &self.srq {
+            if !self.srq_staged.is_empty() {
+                srq.post(&mut self.srq_staged)?;
+                doorbells += 1;
+            }
+            if std::mem::take(&mut self.srq_took) && srq.refill()? > 0 {
+                doorbells += 1;
+            }
+        }
         if !self.staged_recv.is_empty() {
             let mut sges: Vec<sys::ibv_sge> = self.staged_recv.iter().map(|(_, s)| *s).collect();
             let mut wrs: Vec<sys::ibv_recv_wr> = self
@@ -809,7 +840,7 @@ impl<B: LocalMemory> Endpoint<B> {
             // `self.recv` now owns and keeps until the receive's completion (or until the QP,
             // dropped first, is destroyed). The QP handle is valid while `self.qp` lives.
             let rc =
-                unsafe { sys::ibv_post_recv(self.qp.qp().as_ptr(), wrs.as_mut_ptr(), &mut bad) };
+                unsafe { sys::ibv_post_recv(self.qp().qp().as_ptr(), wrs.as_mut_ptr(), &mut bad) };
             doorbells += 1;
             if rc != 0 {
                 return Err(io::Error::from_raw_os_error(rc));
@@ -888,7 +919,7 @@ impl<B: LocalMemory> Endpoint<B> {
             // invalidated or deallocated, the registration through the payload it exposes),
             // and a range inside that registration (`HeldBytes`). The QP is valid.
             let rc =
-                unsafe { sys::ibv_post_send(self.qp.qp().as_ptr(), wrs.as_mut_ptr(), &mut bad) };
+                unsafe { sys::ibv_post_send(self.qp().qp().as_ptr(), wrs.as_mut_ptr(), &mut bad) };
             // A type-2 window's new key is the application's to track: the provider names the
             // window by the key in `ibv_mw` (checked against the device's), so the next bind or
             // invalidation must find the key this bind installs. (Most batches hold no bind.)
@@ -937,10 +968,18 @@ impl<B: LocalMemory> Endpoint<B> {
             };
             if wc.wr_id & RECV_BIT != 0 {
                 let slot = (wc.wr_id & !RECV_BIT) as usize;
-                let Some(buf) = self.recv.get_mut(slot).and_then(Option::take) else {
+                let buf = match &self.srq {
+                    Some(srq) => {
+                        self.srq_took = true;
+                        srq.take(slot)
+                    }
+                    None => self.recv.get_mut(slot).and_then(Option::take).inspect(|_| {
+                        self.recv_free.push(slot);
+                    }),
+                };
+                let Some(buf) = buf else {
                     continue; // not ours (cannot happen): ignore rather than crash
                 };
-                self.recv_free.push(slot);
                 let len = (wc.byte_len as usize).min(buf.len());
                 out.push(Completion::Recv { buf, len, status });
             } else {
@@ -1042,10 +1081,18 @@ impl<B: LocalMemory> Endpoint<B> {
     }
 
     /// Moves the QP to the error state: every outstanding work request completes (flushed).
+    /// A QP that receives through a shared receive queue has no receives of its own to flush,
+    /// so a signaled empty SEND is posted after the transition: its flushed completion tells
+    /// the driver, even when nothing else was outstanding.
     pub(crate) fn set_error(&mut self) -> io::Result<()> {
         let mut attr = QueuePairAttribute::new();
         attr.setup_state(QueuePairState::Error);
-        self.qp.modify(&attr).map_err(io::Error::other)
+        self.qp_mut().modify(&attr).map_err(io::Error::other)?;
+        if self.srq.is_some() && self.sq_room() > 0 {
+            self.stage_send(SqLocal::Ctrl { len: 0 });
+            self.ring()?;
+        }
+        Ok(())
     }
 
     /// Applies a state transition during connection setup.
@@ -1053,11 +1100,20 @@ impl<B: LocalMemory> Endpoint<B> {
         &mut self,
         attr: &QueuePairAttribute,
     ) -> Result<(), sideway::ibverbs::queue_pair::ModifyQueuePairError> {
-        self.qp.modify(attr)
+        self.qp_mut().modify(attr)
     }
 
     pub(crate) fn qp_number(&self) -> u32 {
-        self.qp.qp_number()
+        self.qp().qp_number()
+    }
+
+    /// The queue pair (present until the endpoint drops).
+    fn qp(&self) -> &RawQp {
+        self.qp.as_ref().expect("the QP lives until the endpoint drops")
+    }
+
+    fn qp_mut(&mut self) -> &mut RawQp {
+        self.qp.as_mut().expect("the QP lives until the endpoint drops")
     }
 
     /// Entries still in the send queue (posted, not completed).
@@ -1068,6 +1124,34 @@ impl<B: LocalMemory> Endpoint<B> {
 
 impl<B: LocalMemory> Drop for Endpoint<B> {
     fn drop(&mut self) {
+        // The QP goes first: no more DMA into anything below, and no more completions.
+        drop(self.qp.take());
+        if let Some(srq) = self.srq.take() {
+            // Receives this QP consumed whose completions were never polled: their SRQ slots
+            // are posted again (the same buffers; what they hold is not needed), or the SRQ
+            // would shrink by one buffer each.
+            let mut bufs = std::mem::take(&mut self.srq_staged);
+            loop {
+                self.wcs.clear();
+                let cap = self.wcs.capacity();
+                // SAFETY: as in `poll`; the CQ is still alive (fields drop after this body).
+                let n = unsafe {
+                    sys::ibv_poll_cq(self.cq.cq().as_ptr(), cap as i32, self.wcs.as_mut_ptr())
+                };
+                if n <= 0 {
+                    break;
+                }
+                // SAFETY: the first `n` entries were initialised by ibv_poll_cq.
+                unsafe { self.wcs.set_len(n as usize) };
+                for wc in &self.wcs {
+                    if wc.wr_id & RECV_BIT != 0 {
+                        bufs.extend(srq.take((wc.wr_id & !RECV_BIT) as usize));
+                    }
+                }
+            }
+            let _ = srq.post(&mut bufs);
+            let _ = srq.refill();
+        }
         // Every event read from the channel must be acknowledged before the CQ is destroyed.
         if self.unacked_events > 0 {
             // SAFETY: the CQ is still alive (fields drop after this body).

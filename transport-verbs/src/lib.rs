@@ -314,6 +314,7 @@ impl Transport for VerbsTransport {
             self.domains.clone(),
             self.config.clone(),
             *addr,
+            cm::RecvMode::Shared,
         )
         .await?;
         conn::start(est, self.config.clone())
@@ -327,6 +328,7 @@ impl Transport for VerbsTransport {
             self.domains.clone(),
             *addr,
             self.config.clone(),
+            cm::RecvMode::Shared,
             move |est| {
                 // Started at once: the handshake and its time limit do not wait for `accept`.
                 if let Ok(c) = conn::start(est, cfg.clone()) {

@@ -278,6 +278,7 @@ impl LinkServer {
                         transport.domains.clone(),
                         addr,
                         transport.config.clone(),
+                        cm::RecvMode::Own,
                         move |est| {
                             let _ = tx.send(est);
                         },
@@ -450,6 +451,7 @@ impl LinkClient {
             transport.domains.clone(),
             transport.config.clone(),
             addr,
+            cm::RecvMode::Own,
         ))?;
         Ok(LinkClient {
             link: Link::new(est),

@@ -162,7 +162,7 @@ impl RawPeer {
         // Its own event channel (held by its identifier), like a separate process.
         let ch = crate::cm::CmChannel::default().get()?;
         let Established { res, id, .. } =
-            crate::cm::connect(ch, Arc::default(), cfg_arc, addr).await?;
+            crate::cm::connect(ch, Arc::default(), cfg_arc, addr, crate::cm::RecvMode::Own).await?;
         Ok(RawPeer {
             ep: res.ep,
             targets: HashMap::new(),

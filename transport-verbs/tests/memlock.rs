@@ -22,7 +22,8 @@ fn registration_beyond_memlock_is_a_typed_error_naming_memlock() {
         let verbs = VerbsTransport::new(VerbsConfig::default()).expect("transport");
         let mut listener = verbs.listen(&addr).await.expect("listen");
         let addr = listener.local_addr().expect("addr");
-        // Two endpoints of 64 receive buffers (~4 MiB each) fit in the limit.
+        // The device's shared receive queue (128 buffers of 64 KiB, ~8 MiB) and two
+        // endpoints' send slots fit in the limit.
         let conn = verbs
             .connect(&addr)
             .await

@@ -1,17 +1,24 @@
 //! Memory per connection: what an idle connection keeps registered is bounded, and the
-//! registered pool belongs to the device (shared by the transport's connections), not to each
-//! connection.
+//! registered pool and the receive buffers (a shared receive queue) belong to the device
+//! (shared by the transport's connections), not to each connection.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use transport_core::{Listener, MessageSender, Transport};
+use bytes::Bytes;
+use transport_core::{HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport};
 use transport_verbs::{VerbsConfig, VerbsTransport};
 
-/// Send slots of one connection (`send_depth` × 128 bytes) plus its posted receive buffers.
+/// Send slots of one connection (`send_depth` × 128 bytes), plus its posted receive buffers
+/// when it has no shared receive queue.
 fn per_connection_bound(cfg: &VerbsConfig) -> usize {
-    cfg.send_depth * 128 + cfg.recv_depth * cfg.recv_buf_size()
+    let own_recv = if cfg.srq_depth == 0 {
+        cfg.recv_depth * cfg.recv_buf_size()
+    } else {
+        0
+    };
+    cfg.send_depth * 128 + own_recv
 }
 
 #[test]
@@ -22,6 +29,7 @@ fn idle_connections_keep_at_most_their_bound_registered() {
     common::run(async move {
         let cfg = VerbsConfig::default();
         let bound = per_connection_bound(&cfg);
+        let srq_bytes = cfg.srq_depth * cfg.recv_buf_size();
         let verbs = VerbsTransport::new(cfg).expect("transport");
         let mut listener = verbs.listen(&addr).await.expect("listen");
         let addr = listener.local_addr().expect("addr");
@@ -43,7 +51,7 @@ fn idle_connections_keep_at_most_their_bound_registered() {
         let resident = rss1.saturating_sub(rss0) / added;
         eprintln!(
             "per idle connection: {registered} bytes registered ({held} held for itself: send \
-             slots + posted receive buffers; bound {bound}), {resident} bytes resident; \
+             slots, plus posted receive buffers without a shared receive queue; bound {bound}), {resident} bytes resident; \
              transport total {} bytes registered for {} connections",
             m1.registered_bytes, m1.connections
         );
@@ -52,6 +60,10 @@ fn idle_connections_keep_at_most_their_bound_registered() {
             registered <= bound + bound / 20,
             "each idle connection added {registered} registered bytes, bound {bound}"
         );
+        // The defaults meet the target: at most 64 KiB registered per connection beyond the
+        // device's shared pool and receive queue, which do not grow with connections.
+        assert!(held <= 64 << 10, "{held} bytes registered per connection");
+        common::srq_refilled(&verbs, srq_bytes).await;
         drop(pairs);
         // Teardown runs in the background; it ends within a bounded time.
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -69,7 +81,11 @@ fn a_new_connection_reuses_the_buffers_a_closed_one_returned() {
         return;
     };
     common::run(async move {
-        let verbs = VerbsTransport::new(VerbsConfig::default()).expect("transport");
+        // Receive buffers of their own (no shared receive queue): a connection's buffers go
+        // back to the device's pool when it closes.
+        let mut cfg = VerbsConfig::default();
+        cfg.srq_depth = 0;
+        let verbs = VerbsTransport::new(cfg).expect("transport");
         let mut listener = verbs.listen(&addr).await.expect("listen");
         let addr = listener.local_addr().expect("addr");
         let p = common::open_pair(&verbs, &mut listener, addr).await;
@@ -87,5 +103,105 @@ fn a_new_connection_reuses_the_buffers_a_closed_one_returned() {
         // receive buffers from the device's pool and registers only its own send slots.
         assert!(first > 1, "first connection: {first} registrations");
         assert_eq!(second, 1, "the next connection registered {second} regions");
+    });
+}
+
+/// Sends `n` messages of `len` bytes from `tx` and checks that `rx` gets them all, in order.
+async fn stream(
+    tx: &mut transport_verbs::VerbsSender,
+    rx: &mut transport_verbs::VerbsReceiver,
+    tag: u8,
+    n: usize,
+    len: usize,
+) {
+    let send = async {
+        for i in 0..n {
+            let mut body = vec![tag; len];
+            body[..4].copy_from_slice(&(i as u32).to_le_bytes());
+            tx.send(Message::new(HeaderBytes::from([tag]), Bytes::from(body)))
+                .await
+                .expect("send");
+        }
+    };
+    let recv = async {
+        for i in 0..n {
+            let m = rx.recv().await.expect("recv").expect("open");
+            assert_eq!(m.payload.len(), len, "stream {tag} message {i}");
+            assert_eq!(&m.payload[..4], &(i as u32).to_le_bytes(), "stream {tag} order");
+            assert!(m.payload[4..].iter().all(|&b| b == tag), "stream {tag} bytes");
+        }
+    };
+    tokio::join!(send, recv);
+}
+
+#[test]
+fn more_credits_than_shared_buffers_lose_nothing() {
+    let Some(addr) = common::listen_addr_or_skip("memory_srq_overcommit") else {
+        return;
+    };
+    common::run(async move {
+        // Four connections may each have 64 messages in flight towards the server, into a
+        // shared receive queue of 8 buffers: bursts find it empty and the senders' devices
+        // retry (RNR). Every message still arrives, whole and in order.
+        let mut cfg = VerbsConfig::default();
+        cfg.srq_depth = 8;
+        cfg.recv_depth = 64;
+        cfg.eager_limit = 8192;
+        let full = cfg.srq_depth * cfg.recv_buf_size();
+        let verbs = VerbsTransport::new(cfg).expect("transport");
+        let mut listener = verbs.listen(&addr).await.expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let mut p = Vec::new();
+        for _ in 0..4 {
+            p.push(common::open_pair(&verbs, &mut listener, addr).await);
+        }
+        let [a, b, c, d] = &mut p[..] else {
+            unreachable!("four pairs")
+        };
+        // Small (copied out) and large (handed over in place) eager messages.
+        tokio::join!(
+            stream(&mut a.client.0, &mut a.server.1, 1, 500, 100),
+            stream(&mut b.client.0, &mut b.server.1, 2, 500, 6000),
+            stream(&mut c.client.0, &mut c.server.1, 3, 500, 100),
+            stream(&mut d.client.0, &mut d.server.1, 4, 500, 6000),
+        );
+        common::srq_refilled(&verbs, full).await;
+    });
+}
+
+#[test]
+fn the_shared_receive_queue_is_full_again_after_connections_close_mid_stream() {
+    let Some(addr) = common::listen_addr_or_skip("memory_srq_refill") else {
+        return;
+    };
+    common::run(async move {
+        let cfg = VerbsConfig::default();
+        let full = cfg.srq_depth * cfg.recv_buf_size();
+        let verbs = VerbsTransport::new(cfg).expect("transport");
+        let mut listener = verbs.listen(&addr).await.expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        for round in 0..8 {
+            let mut p = common::open_pair(&verbs, &mut listener, addr).await;
+            // Messages the server never takes, some of them still unpolled when both ends
+            // go: their shared buffers must come back.
+            for i in 0..32u32 {
+                let body = Bytes::from(vec![round as u8; 100 + 200 * i as usize]);
+                p.client
+                    .0
+                    .send(Message::new(HeaderBytes::from([1u8]), body))
+                    .await
+                    .expect("send");
+            }
+            drop(p);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let m = verbs.memory_use();
+            if m.connections == 0 && m.shared_receive_bytes == full {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{m:?}, full: {full}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     });
 }

@@ -86,3 +86,25 @@ pub fn rss() -> usize {
         })
         .map_or(0, |kb| kb * 1024)
 }
+
+/// Waits (at most 30 s) until the transport's shared receive queues hold `full` bytes again:
+/// a driver refills the slot a completion took right after handing the message over, so a
+/// reading taken just after a call may be one buffer short.
+#[allow(dead_code)] // not every test binary checks memory
+pub async fn srq_refilled(
+    verbs: &transport_verbs::VerbsTransport,
+    full: usize,
+) -> transport_verbs::MemoryUse {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = verbs.memory_use();
+        if m.shared_receive_bytes == full {
+            return m;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "shared receive queues not refilled: {m:?}, full: {full}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

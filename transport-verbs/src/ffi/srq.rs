@@ -1,0 +1,310 @@
+//! Queue pairs created by this crate (so that they can use a shared receive queue, which the
+//! binding's builder cannot set up) and the shared receive queue itself.
+//!
+//! A shared receive queue (SRQ) holds the eager receive buffers of every connection of one
+//! device: memory no longer grows with the number of connections. Its rules:
+//! - the SRQ owns every buffer posted to it ([`Srq`]'s table) until a completion names the
+//!   buffer's slot; the SRQ is destroyed before the table (and its buffers) is released;
+//! - a queue pair that receives through the SRQ keeps it alive ([`RawQp`] holds it), so the SRQ
+//!   outlives every queue pair that could still consume its buffers;
+//! - every slot a completion takes is posted again: with the same buffer when the glue gives it
+//!   back, otherwise with a fresh one ([`Srq::refill`]), so the depth stays what it was made with.
+
+use std::io;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rdma_mummy_sys as sys;
+use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionQueue};
+use sideway::ibverbs::protection_domain::ProtectionDomain;
+use sideway::ibverbs::queue_pair::{BasicPostSendGuard, QueuePair};
+
+use super::LocalMemory;
+
+/// Makes a fresh receive buffer for the SRQ (the device's pool).
+pub(crate) type FreshBuf<B> = Box<dyn Fn() -> io::Result<B> + Send + Sync>;
+
+struct Table<B> {
+    slots: Vec<Option<B>>,
+    free: Vec<usize>,
+}
+
+/// A shared receive queue and the buffers posted to it.
+pub(crate) struct Srq<B: LocalMemory> {
+    srq: NonNull<sys::ibv_srq>,
+    /// Released after the SRQ is destroyed (`Drop` destroys it first).
+    table: Mutex<Table<B>>,
+    /// Buffers posted right now.
+    posted: AtomicUsize,
+    buf_size: usize,
+    fresh: FreshBuf<B>,
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: the SRQ handle is used only through libibverbs calls, which are thread-safe; the table
+// is behind a mutex.
+unsafe impl<B: LocalMemory> Send for Srq<B> {}
+// SAFETY: as above.
+unsafe impl<B: LocalMemory> Sync for Srq<B> {}
+
+impl<B: LocalMemory> Srq<B> {
+    /// Creates an SRQ of `depth` buffers of `buf_size` bytes on `pd` and fills it.
+    pub(crate) fn new(
+        pd: &Arc<ProtectionDomain>,
+        depth: usize,
+        buf_size: usize,
+        fresh: FreshBuf<B>,
+    ) -> io::Result<Arc<Srq<B>>> {
+        let mut init = sys::ibv_srq_init_attr {
+            srq_context: std::ptr::null_mut(),
+            attr: sys::ibv_srq_attr {
+                max_wr: u32::try_from(depth).map_err(|_| io::ErrorKind::InvalidInput)?,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+        };
+        // SAFETY: the protection domain is valid while `pd` lives (the SRQ keeps it); `init`
+        // is a valid, writable attribute struct for the duration of the call.
+        let srq = unsafe { sys::ibv_create_srq(pd.pd().as_ptr(), &mut init) };
+        let srq = NonNull::new(srq).ok_or_else(io::Error::last_os_error)?;
+        let s = Arc::new(Srq {
+            srq,
+            table: Mutex::new(Table {
+                slots: (0..depth).map(|_| None).collect(),
+                free: (0..depth).rev().collect(),
+            }),
+            posted: AtomicUsize::new(0),
+            buf_size,
+            fresh,
+            _pd: pd.clone(),
+        });
+        s.refill()?;
+        Ok(s)
+    }
+
+    /// The SRQ's handle, for creating queue pairs that receive through it.
+    fn raw(&self) -> *mut sys::ibv_srq {
+        self.srq.as_ptr()
+    }
+
+    /// Buffers posted right now.
+    pub(crate) fn posted(&self) -> usize {
+        self.posted.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of the buffers posted right now.
+    pub(crate) fn posted_bytes(&self) -> usize {
+        self.posted() * self.buf_size
+    }
+
+    /// Takes the buffer of a receive completion (`None`: not a slot of this SRQ).
+    pub(crate) fn take(&self, slot: usize) -> Option<B> {
+        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let buf = t.slots.get_mut(slot).and_then(Option::take)?;
+        t.free.push(slot);
+        self.posted.fetch_sub(1, Ordering::Relaxed);
+        Some(buf)
+    }
+
+    /// Posts `bufs` into free slots (buffers beyond the free slots are dropped: back to the
+    /// pool). One `ibv_post_srq_recv` call.
+    pub(crate) fn post(&self, bufs: &mut Vec<B>) -> io::Result<()> {
+        if bufs.is_empty() {
+            return Ok(());
+        }
+        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let n = bufs.len().min(t.free.len());
+        let mut sges = Vec::with_capacity(n);
+        let mut wrs = Vec::with_capacity(n);
+        for buf in bufs.drain(..n) {
+            let slot = t.free.pop().expect("counted above");
+            sges.push(sys::ibv_sge {
+                addr: buf.addr() as u64,
+                length: buf.len().min(u32::MAX as usize) as u32,
+                lkey: buf.lkey(),
+            });
+            wrs.push(sys::ibv_recv_wr {
+                wr_id: super::RECV_BIT | slot as u64,
+                next: std::ptr::null_mut(),
+                sg_list: std::ptr::null_mut(),
+                num_sge: 1,
+            });
+            t.slots[slot] = Some(buf);
+        }
+        bufs.clear();
+        if n == 0 {
+            return Ok(());
+        }
+        for i in 0..n {
+            wrs[i].sg_list = &mut sges[i];
+            if i + 1 < n {
+                wrs[i].next = &mut wrs[i + 1] as *mut _;
+            }
+        }
+        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: `wrs` is a well-formed list whose SGEs (in `sges`, alive across the call)
+        // each cover one whole buffer (`LocalMemory`: registered, local write) that the table
+        // now owns until a completion names its slot (or until the SRQ, destroyed before the
+        // table is released, is gone). The SRQ handle is valid while `self` lives. The table
+        // lock is held, so no other thread reuses these slots meanwhile.
+        let rc = unsafe { sys::ibv_post_srq_recv(self.raw(), wrs.as_mut_ptr(), &mut bad) };
+        if rc != 0 {
+            // Requests from `bad` on were not posted: their buffers go back to the pool.
+            let first_bad = (0..n)
+                .find(|&i| std::ptr::eq(&wrs[i], bad))
+                .unwrap_or(0);
+            for w in &wrs[first_bad..] {
+                let slot = (w.wr_id & !super::RECV_BIT) as usize;
+                t.slots[slot] = None;
+                t.free.push(slot);
+            }
+            self.posted.fetch_add(first_bad, Ordering::Relaxed);
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        self.posted.fetch_add(n, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Posts fresh buffers into every free slot. Returns how many were posted.
+    pub(crate) fn refill(&self) -> io::Result<usize> {
+        let missing = {
+            let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+            t.free.len()
+        };
+        if missing == 0 {
+            return Ok(0);
+        }
+        let mut bufs = Vec::with_capacity(missing);
+        for _ in 0..missing {
+            bufs.push((self.fresh)()?);
+        }
+        self.post(&mut bufs)?;
+        Ok(missing)
+    }
+}
+
+impl<B: LocalMemory> Drop for Srq<B> {
+    fn drop(&mut self) {
+        // Every queue pair that used the SRQ is gone (each holds it). The buffers in the table
+        // are released after this body, when the device no longer knows them.
+        // SAFETY: the SRQ handle is valid and no queue pair is attached any more.
+        unsafe { sys::ibv_destroy_srq(self.srq.as_ptr()) };
+    }
+}
+
+/// How a queue pair receives: into its own receive queue, or through a shared one.
+pub(crate) enum RecvQueue {
+    /// Its own receive queue of this depth.
+    Own(usize),
+    /// A shared receive queue (kept alive by the queue pair).
+    Shared(Arc<dyn SrqHandle>),
+}
+
+/// What a queue pair needs of an [`Srq`], whatever its buffer type.
+pub(crate) trait SrqHandle: Send + Sync {
+    /// The SRQ's handle.
+    fn handle(&self) -> *mut sys::ibv_srq;
+}
+
+impl<B: LocalMemory> SrqHandle for Srq<B> {
+    fn handle(&self) -> *mut sys::ibv_srq {
+        self.raw()
+    }
+}
+
+/// A reliable-connected queue pair created with `ibv_create_qp`.
+pub(crate) struct RawQp {
+    qp: NonNull<sys::ibv_qp>,
+    _cq: Arc<BasicCompletionQueue>,
+    /// The shared receive queue this QP receives through, kept alive until the QP is destroyed.
+    _srq: Option<Arc<dyn SrqHandle>>,
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: the handle is used only through libibverbs calls (thread-safe) and owned by this value.
+unsafe impl Send for RawQp {}
+// SAFETY: as above.
+unsafe impl Sync for RawQp {}
+
+/// What a created queue pair can do, as the device granted it.
+pub(crate) struct QpCaps {
+    pub(crate) max_inline_data: u32,
+}
+
+impl RawQp {
+    /// Creates an RC queue pair on `pd` whose send and receive completions go to `cq`.
+    pub(crate) fn create(
+        pd: &Arc<ProtectionDomain>,
+        cq: &Arc<BasicCompletionQueue>,
+        send_depth: usize,
+        recv: RecvQueue,
+        inline: u32,
+    ) -> io::Result<(RawQp, QpCaps)> {
+        let (srq, keep, recv_depth) = match recv {
+            RecvQueue::Own(d) => (std::ptr::null_mut(), None, d),
+            RecvQueue::Shared(s) => (s.handle(), Some(s), 0),
+        };
+        let depth = |d: usize| u32::try_from(d).map_err(|_| io::ErrorKind::InvalidInput);
+        // SAFETY: the handle is only read here; `cq` (kept by the returned QP) keeps it valid.
+        let cq_ptr = unsafe { cq.cq() }.as_ptr();
+        let mut init = sys::ibv_qp_init_attr {
+            qp_context: std::ptr::null_mut(),
+            send_cq: cq_ptr,
+            recv_cq: cq_ptr,
+            srq,
+            cap: sys::ibv_qp_cap {
+                max_send_wr: depth(send_depth)?,
+                max_recv_wr: depth(recv_depth)?,
+                max_send_sge: 2,
+                max_recv_sge: if srq.is_null() { 1 } else { 0 },
+                max_inline_data: inline,
+            },
+            qp_type: sys::ibv_qp_type::IBV_QPT_RC,
+            sq_sig_all: 0,
+        };
+        // SAFETY: the protection domain, the completion queue and the SRQ (if any) are valid
+        // and kept alive by the returned value for as long as the queue pair exists; `init` is
+        // valid and writable for the call (the provider writes the granted capabilities back).
+        let qp = unsafe { sys::ibv_create_qp(pd.pd().as_ptr(), &mut init) };
+        let qp = NonNull::new(qp).ok_or_else(io::Error::last_os_error)?;
+        Ok((
+            RawQp {
+                qp,
+                _cq: cq.clone(),
+                _srq: keep,
+                _pd: pd.clone(),
+            },
+            QpCaps {
+                max_inline_data: init.cap.max_inline_data,
+            },
+        ))
+    }
+}
+
+impl Drop for RawQp {
+    fn drop(&mut self) {
+        // SAFETY: the handle is valid and owned by this value; nothing uses it after this.
+        unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
+    }
+}
+
+// The binding's trait gives `modify` (with its typed errors) and `qp_number` to a queue pair it
+// did not create. Work requests are posted with `ibv_post_send`/`ibv_post_recv` by `Endpoint`,
+// never through the binding's post guard.
+impl QueuePair for RawQp {
+    unsafe fn qp(&self) -> NonNull<sys::ibv_qp> {
+        self.qp
+    }
+
+    type Guard<'g>
+        = BasicPostSendGuard<'g>
+    where
+        Self: 'g;
+
+    fn start_post_send(&mut self) -> Self::Guard<'_> {
+        // Never called: `Endpoint::ring` posts work requests itself (see above). The binding
+        // gives no way to make its guard for a queue pair it did not create.
+        unreachable!("RawQp work requests are posted by Endpoint::ring")
+    }
+}
