@@ -251,19 +251,27 @@ fn resources(
     let comp =
         CompletionChannel::new(&ctx).map_err(|e| cm_err("ibv_create_comp_channel", addr, e))?;
     comp.set_nonblocking(true)?;
-    // With a shared receive queue a peer's messages are bounded by its credits (recv_depth),
-    // not by a queue of this QP's own: the CQ has room for both queues either way.
-    let cqe = (cfg.send_depth + cfg.recv_depth + 16) as u32;
+    let srq = match mode {
+        RecvMode::Shared => domain.srq.clone(),
+        RecvMode::Own => None,
+    };
+    // The CQ never overflows (a lost completion would lose its buffer): it has room for the
+    // whole send queue and every receive this QP can complete before its driver polls. With
+    // its own receive queue that is `recv_depth`; through the shared queue a peer that ignores
+    // its credits can fill every slot of it (a slot is posted again only after its completion
+    // was polled), so `srq_depth`.
+    let receives = if srq.is_some() {
+        cfg.srq_depth
+    } else {
+        cfg.recv_depth
+    };
+    let cqe = (cfg.send_depth + receives + 16) as u32;
     let cq = ctx
         .create_cq_builder()
         .setup_cqe(cqe)
         .setup_comp_channel(&comp, 0)
         .build()
         .map_err(|e| cm_err("ibv_create_cq", addr, e))?;
-    let srq = match mode {
-        RecvMode::Shared => domain.srq.clone(),
-        RecvMode::Own => None,
-    };
     let mut inline = cfg.inline_size as u32;
     let (qp, caps) = loop {
         let recv = match &srq {

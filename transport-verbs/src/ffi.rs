@@ -1109,11 +1109,15 @@ impl<B: LocalMemory> Endpoint<B> {
 
     /// The queue pair (present until the endpoint drops).
     fn qp(&self) -> &RawQp {
-        self.qp.as_ref().expect("the QP lives until the endpoint drops")
+        self.qp
+            .as_ref()
+            .expect("the QP lives until the endpoint drops")
     }
 
     fn qp_mut(&mut self) -> &mut RawQp {
-        self.qp.as_mut().expect("the QP lives until the endpoint drops")
+        self.qp
+            .as_mut()
+            .expect("the QP lives until the endpoint drops")
     }
 
     /// Entries still in the send queue (posted, not completed).

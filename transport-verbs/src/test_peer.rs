@@ -191,6 +191,10 @@ impl RawPeer {
     /// Sends `msgs` (raw bytes each), one doorbell. Credits are not checked: that is the point.
     pub fn send(&mut self, msgs: &[Vec<u8>]) -> Result<(), TransportError> {
         for m in msgs {
+            if self.ep.sq_room() == 0 {
+                // Staged requests hold room until they are posted and complete.
+                self.ep.ring()?;
+            }
             while self.ep.sq_room() == 0 {
                 self.poll()?;
             }

@@ -1,6 +1,7 @@
 //! Hostile peers against a verbs server, with a raw peer that speaks the wire format by hand
-//! (`transport_verbs::test_peer`): huge and wrapping lengths, an RTS flood, no HELLO, no FIN,
-//! a stale rkey after FIN, another connection's rkey. Each gets a typed error or a bounded
+//! (`transport_verbs::test_peer`): huge and wrapping lengths, an RTS flood, an eager flood
+//! beyond the credits into the shared receive queue, no HELLO, no FIN, a stale rkey after
+//! FIN, another connection's rkey. Each gets a typed error or a bounded
 //! wait, the server registers nothing it was not asked to, and a normal client is served
 //! afterwards.
 
@@ -195,6 +196,75 @@ fn an_rts_flood_is_a_typed_error_and_memory_stays_bounded() {
             d.registrations,
             d.bytes_received
         );
+        still_serving(&verbs, &mut l, addr).await;
+    });
+}
+
+#[test]
+fn an_eager_flood_beyond_the_credits_fails_only_its_connection() {
+    let Some(ip) = common::listen_addr_or_skip("hostile_eager_flood") else {
+        return;
+    };
+    common::run(async move {
+        // The fewest credits (4) on both sides: the server grants the peer 3 at first and can
+        // send it at most 3 CREDITs (the peer's HELLO grants it 3 buffers), each for at most 4
+        // buffers: a peer that plays by the rules gets at most 15 messages in.
+        let mut cfg = VerbsConfig::default();
+        cfg.recv_depth = 4;
+        let srq_full = cfg.srq_depth * cfg.recv_buf_size();
+        let (verbs, mut l, addr) = server(cfg.clone(), ip).await;
+        // A well-behaved connection on the same transport, so on the same shared receive queue.
+        let mut good = common::open_pair(&verbs, &mut l, addr).await;
+        let mut peer = RawPeer::connect(addr, cfg.clone())
+            .await
+            .expect("raw connect");
+        let conn = accept(&mut l).await;
+        peer.send(&[peer.hello()]).expect("send HELLO");
+        peer.recv_kind(HELLO, WAIT).await.expect("server HELLO");
+        let (_stx, mut srx) = conn.split();
+
+        // 120 messages in one doorbell: most take buffers of the shared receive queue that
+        // the peer has no right to.
+        let msgs: Vec<Vec<u8>> = (0..120u32)
+            .map(|i| wire::eager(b"f", &i.to_le_bytes().repeat(250)))
+            .collect();
+        peer.send(&msgs).expect("send");
+        let mut delivered = 0;
+        let e = loop {
+            match within(srx.recv()).await {
+                Ok(Some(m)) => {
+                    assert_eq!(m.payload.len(), 1000);
+                    delivered += 1;
+                }
+                Ok(None) => panic!("a clean end after a flood"),
+                Err(e) => break e,
+            }
+        };
+        assert!(matches!(violation(&e), ProtocolViolation::NoCredit), "{e}");
+        assert!(delivered <= 15, "{delivered} messages delivered");
+        println!("hostile_eager_flood: {delivered} messages delivered, then: {e}");
+
+        // The other connection goes on, with more messages than the shared queue holds.
+        let (tx, _) = &mut good.client;
+        let (_, rx) = &mut good.server;
+        let send = async {
+            for i in 0..300u32 {
+                let body = Bytes::from(i.to_le_bytes().repeat(100));
+                tx.send(Message::new(HeaderBytes::from([2u8]), body))
+                    .await
+                    .expect("good send");
+            }
+        };
+        let recv = async {
+            for i in 0..300u32 {
+                let m = within(rx.recv()).await.expect("good recv").expect("open");
+                assert_eq!(&m.payload[..4], &i.to_le_bytes(), "in order");
+            }
+        };
+        tokio::join!(send, recv);
+        // Every buffer the flood took is back in the shared queue once the peer is gone.
+        drop((peer, srx));
+        common::srq_refilled(&verbs, srq_full).await;
         still_serving(&verbs, &mut l, addr).await;
     });
 }

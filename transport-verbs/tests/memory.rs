@@ -56,9 +56,14 @@ fn idle_connections_keep_at_most_their_bound_registered() {
             m1.registered_bytes, m1.connections
         );
         assert_eq!(held, bound, "what a connection holds for itself");
+        // The shared pool may grow by a buffer or two while connections come and go (a
+        // received payload handed over in place is replaced by a fresh buffer): a one-time
+        // warm-up of the device's pool, not memory per connection.
+        let warm_up = 2 * VerbsConfig::default().recv_buf_size();
+        let growth = m1.registered_bytes - m0.registered_bytes;
         assert!(
-            registered <= bound + bound / 20,
-            "each idle connection added {registered} registered bytes, bound {bound}"
+            growth <= added * bound + warm_up,
+            "{added} idle connections added {growth} registered bytes, bound {bound} each"
         );
         // The defaults meet the target: at most 64 KiB registered per connection beyond the
         // device's shared pool and receive queue, which do not grow with connections.
@@ -127,8 +132,15 @@ async fn stream(
         for i in 0..n {
             let m = rx.recv().await.expect("recv").expect("open");
             assert_eq!(m.payload.len(), len, "stream {tag} message {i}");
-            assert_eq!(&m.payload[..4], &(i as u32).to_le_bytes(), "stream {tag} order");
-            assert!(m.payload[4..].iter().all(|&b| b == tag), "stream {tag} bytes");
+            assert_eq!(
+                &m.payload[..4],
+                &(i as u32).to_le_bytes(),
+                "stream {tag} order"
+            );
+            assert!(
+                m.payload[4..].iter().all(|&b| b == tag),
+                "stream {tag} bytes"
+            );
         }
     };
     tokio::join!(send, recv);

@@ -151,9 +151,7 @@ impl<B: LocalMemory> Srq<B> {
         let rc = unsafe { sys::ibv_post_srq_recv(self.raw(), wrs.as_mut_ptr(), &mut bad) };
         if rc != 0 {
             // Requests from `bad` on were not posted: their buffers go back to the pool.
-            let first_bad = (0..n)
-                .find(|&i| std::ptr::eq(&wrs[i], bad))
-                .unwrap_or(0);
+            let first_bad = (0..n).find(|&i| std::ptr::eq(&wrs[i], bad)).unwrap_or(0);
             for w in &wrs[first_bad..] {
                 let slot = (w.wr_id & !super::RECV_BIT) as usize;
                 t.slots[slot] = None;
