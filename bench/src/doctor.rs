@@ -253,16 +253,21 @@ fn sysctls(proc_sys: &Path) -> Vec<Finding> {
 fn verbs_settings() -> Finding {
     let c = crate::sys::verbs_config();
     let polling = format!("polling: {}", crate::sys::verbs_polling(&c));
-    let per_conn = c.recv_depth * c.recv_buf_size() + c.send_depth * 128;
+    let own_recv = if c.srq_depth == 0 {
+        c.recv_depth * c.recv_buf_size()
+    } else {
+        0
+    };
+    let per_conn = own_recv + c.send_depth * 128;
     finding(
         "verbs settings",
         Level::Info,
         format!(
-            "{polling}; {:.2} MiB registered per connection ({} receive buffers of {} bytes + {} send slots), pool ({} MiB idle) and registration cache ({} MiB) shared per device",
+            "{polling}; receive: {}; {:.3} MiB registered per connection ({} send slots{}), pool ({} MiB idle) and registration cache ({} MiB) shared per device",
+            crate::sys::verbs_receive(&c),
             per_conn as f64 / (1 << 20) as f64,
-            c.recv_depth,
-            c.recv_buf_size(),
             c.send_depth,
+            if own_recv > 0 { " + its receive buffers" } else { "" },
             c.pool_keep_bytes >> 20,
             c.registration_cache_bytes >> 20
         ),

@@ -241,6 +241,10 @@ struct RunArgs {
     /// library's).
     #[arg(long)]
     verbs_poll_us: Option<u64>,
+    /// Verbs receive buffers in the device's shared receive queue (`VerbsConfig::srq_depth`;
+    /// 0: each connection posts its own; default: the library's).
+    #[arg(long)]
+    verbs_srq_depth: Option<usize>,
     /// Transports to measure (local mode).
     #[arg(long, value_delimiter = ',', value_enum, default_values_t = [TransportName::Uds, TransportName::Tcp, TransportName::Verbs])]
     transports: Vec<TransportName>,
@@ -287,6 +291,10 @@ struct ServerArgs {
     /// Verbs adaptive polling budget in µs (`VerbsConfig::poll_spin`; default: the library's).
     #[arg(long)]
     verbs_poll_us: Option<u64>,
+    /// Verbs shared receive queue depth (`VerbsConfig::srq_depth`; 0: none; default: the
+    /// library's).
+    #[arg(long)]
+    verbs_srq_depth: Option<usize>,
     /// Pin the server to this CPU.
     #[arg(long)]
     core: Option<usize>,
@@ -327,6 +335,7 @@ impl RunArgs {
     fn settings(&self, client_core: Option<usize>) -> Settings {
         sys::set_spin(self.spin_us);
         sys::set_verbs_poll(self.verbs_poll_us);
+        sys::set_verbs_srq_depth(self.verbs_srq_depth);
         let sizes = self.sizes.clone().unwrap_or_else(|| {
             if self.full {
                 vec![1024, 4096, 16384, 65536, 262_144, 500_000, 1 << 20]
@@ -564,16 +573,21 @@ impl VerbsMemorySampler {
 /// connection at the run's busiest point.
 fn verbs_notes(verbs: &VerbsTransport, peak: transport_verbs::MemoryUse) -> Vec<String> {
     let c = verbs.config();
-    let polling = format!("polling: {}; --verbs-poll-us", sys::verbs_polling(c));
+    let polling = format!(
+        "polling: {}; --verbs-poll-us; receive: {}; --verbs-srq-depth",
+        sys::verbs_polling(c),
+        sys::verbs_receive(c)
+    );
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     let memory = if peak.connections == 0 {
         "memory: no connection was sampled open".to_string()
     } else {
         format!(
-            "memory at {} open connections (both ends): {:.2} MiB registered per connection (send slots + posted receive buffers), {:.1} MiB registered in all (one shared pool per device)",
+            "memory at {} open connections (both ends): {:.3} MiB registered per connection (send slots, plus receive buffers without a shared receive queue), {:.1} MiB registered in all (one shared pool per device, {:.1} MiB of it in the shared receive queue)",
             peak.connections,
             mib(peak.per_connection_bytes / peak.connections),
-            mib(peak.registered_bytes)
+            mib(peak.registered_bytes),
+            mib(peak.shared_receive_bytes)
         )
     };
     vec![polling, memory]
@@ -820,6 +834,7 @@ fn server(a: &ServerArgs) -> Result<(), String> {
     }
     sys::set_spin(a.spin_us);
     sys::set_verbs_poll(a.verbs_poll_us);
+    sys::set_verbs_srq_depth(a.verbs_srq_depth);
     let rt = sys::runtime().map_err(|e| e.to_string())?;
     rt.block_on(async {
         let mut shutdown = Shutdown::register()?;

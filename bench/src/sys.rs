@@ -13,19 +13,52 @@ static SPIN_US: AtomicU64 = AtomicU64::new(0);
 /// library's default).
 static VERBS_POLL_US: AtomicU64 = AtomicU64::new(u64::MAX);
 
+/// `VerbsConfig::srq_depth` for every verbs transport the bench makes (u64::MAX: the
+/// library's default).
+static VERBS_SRQ_DEPTH: AtomicU64 = AtomicU64::new(u64::MAX);
+
 /// Sets the verbs adaptive-polling budget (`None`: the library's default).
 pub fn set_verbs_poll(us: Option<u64>) {
     VERBS_POLL_US.store(us.unwrap_or(u64::MAX), Ordering::Relaxed);
 }
 
-/// The verbs settings the bench uses: the defaults, with `--verbs-poll-us` if given.
+/// Sets the verbs shared receive queue depth (`None`: the library's default; 0: none).
+pub fn set_verbs_srq_depth(depth: Option<usize>) {
+    let d = depth.map_or(u64::MAX, |d| d as u64);
+    VERBS_SRQ_DEPTH.store(d, Ordering::Relaxed);
+}
+
+/// The verbs settings the bench uses: the defaults, with `--verbs-poll-us` and
+/// `--verbs-srq-depth` if given.
 pub fn verbs_config() -> transport_verbs::VerbsConfig {
     let mut c = transport_verbs::VerbsConfig::default();
     match VERBS_POLL_US.load(Ordering::Relaxed) {
         u64::MAX => {}
         us => c.poll_spin = Duration::from_micros(us),
     }
+    match VERBS_SRQ_DEPTH.load(Ordering::Relaxed) {
+        u64::MAX => {}
+        d => c.srq_depth = d as usize,
+    }
     c
+}
+
+/// Where a verbs transport with settings `c` posts its receive buffers, in words.
+pub fn verbs_receive(c: &transport_verbs::VerbsConfig) -> String {
+    if c.srq_depth == 0 {
+        format!(
+            "own receive queues ({} buffers of {} bytes per connection)",
+            c.recv_depth,
+            c.recv_buf_size()
+        )
+    } else {
+        format!(
+            "shared receive queue ({} buffers of {} bytes per device, {} credits per connection)",
+            c.srq_depth,
+            c.recv_buf_size(),
+            c.recv_depth
+        )
+    }
 }
 
 /// How a verbs transport with settings `c` waits for completions, in words.
