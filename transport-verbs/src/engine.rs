@@ -19,9 +19,11 @@
 //!
 //! ## Credits
 //!
-//! Each side posts `recv_depth` receive buffers before connecting and starts with one credit,
-//! spent on its HELLO. A SEND consumes one of the peer's buffers, so it needs a credit; every
-//! message carries the credits for the buffers re-posted since the last grant. Data (EAGER,
+//! Each side has `recv_depth` receive buffers' worth of credits to grant (posted buffers of its
+//! own, or a quota over the device's shared receive queue: the engine does not know which) and
+//! starts with one credit, spent on its HELLO. A SEND consumes one of the peer's buffers, so it
+//! needs a credit; every message carries the credits for the buffers re-posted since the last
+//! grant. Data (EAGER,
 //! RTS, FIN) needs two credits, so the last one is always left for a CREDIT or CLOSE: the two
 //! sides cannot deadlock on credits. The engine also counts the credits the peer holds: a
 //! message that arrives without one, or a grant beyond the peer's announced queue, is a

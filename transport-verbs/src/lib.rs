@@ -56,16 +56,29 @@
 //!   conn.rs (tokio glue) ───────────────► ffi.rs (ibv_post_*, poll, windows)
 //! ```
 //!
-//! - **Handshake.** Each side posts `recv_depth` receive buffers of `recv_buf_size()` bytes
-//!   before connecting and starts with one credit, spent on a HELLO that announces the protocol
-//!   version, its buffer size and queue depth, and how many rendezvous transfers (and bytes) it
-//!   accepts outstanding, and grants the other `recv_depth - 1` credits. Nothing else may come
-//!   first; a peer that sends no HELLO within `handshake_timeout` fails the connection.
-//! - **Credits.** Every SEND consumes one credit; every received SEND is re-posted at once and
-//!   its credit returned on the next outgoing header, or by a CREDIT message when a quarter of
-//!   the queue is owed. Data (EAGER, RTS, FIN) needs two credits, so the last one is always left
-//!   for a CREDIT or CLOSE: the receiver never runs out of posted buffers (no RNR) and the two
-//!   sides cannot deadlock. A sender out of credits waits (`credit_stalls`).
+//! - **Handshake.** Receive buffers of `recv_buf_size()` bytes are posted before the peer can
+//!   send (see *Receive buffers*). Each side starts with one credit, spent on a HELLO that
+//!   announces the protocol version, its buffer size and credit depth (`recv_depth`), and how
+//!   many rendezvous transfers (and bytes) it accepts outstanding, and grants the other
+//!   `recv_depth - 1` credits. Nothing else may come first; a peer that sends no HELLO within
+//!   `handshake_timeout` fails the connection.
+//! - **Credits.** Every SEND consumes one credit; every received SEND's buffer is posted again
+//!   at once and its credit returned on the next outgoing header, or by a CREDIT message when a
+//!   quarter of `recv_depth` is owed. Data (EAGER, RTS, FIN) needs two credits, so the last one
+//!   is always left for a CREDIT or CLOSE: the two sides cannot deadlock. A sender out of
+//!   credits waits (`credit_stalls`). A message that arrives without a credit fails its
+//!   connection ([`ProtocolViolation::NoCredit`]).
+//! - **Receive buffers.** By default the transport's connections on a device receive through
+//!   one shared receive queue (SRQ) of `srq_depth` buffers (128 × 64 KiB, 8 MiB): receive memory
+//!   does not grow with connections. Credits are then a per-connection quota over the shared
+//!   buffers, and the queue may hold fewer buffers than all connections' credits together: a
+//!   burst that finds it empty is retried by the sender's device after an RNR delay of 0.12 ms
+//!   (`min_rnr_timer` 7, set on every queue pair; rdma_cm's default is 655 ms), never lost.
+//!   Every buffer a completion takes from the queue is posted again (the same buffer, or a fresh
+//!   one from the pool when the payload was handed over in place), also for the completions a
+//!   closing queue pair never polled. With `srq_depth = 0` each connection posts `recv_depth`
+//!   buffers of its own instead (4 MiB per connection with the defaults), and the receiver never
+//!   runs out of posted buffers.
 //! - **Eager.** A message whose header and payload fit the peer's receive buffer is sent by
 //!   SEND: inline below the device's inline limit, straight from registered memory (two SGEs,
 //!   no copy) when the payload lies in a pool buffer or was registered, else copied into a pool
@@ -87,10 +100,10 @@
 //! - **Resources per device.** A [`VerbsTransport`] (and its clones) has one protection
 //!   domain, one registered buffer pool and one registration cache per device (`domain.rs`,
 //!   after libfabric's domain), and one rdma_cm event channel whose events a thread routes to
-//!   the identifiers. What a connection holds for itself is its queue pair, CQ, completion
-//!   channel, send slots (`send_depth` × 128 bytes) and its posted receive buffers
-//!   (`recv_depth` × `recv_buf_size()`: 4 MiB with the defaults); receive buffers are not yet
-//!   shared between connections (no SRQ). [`VerbsTransport::memory_use`] reports it.
+//!   the identifiers, and one shared receive queue per device. What a connection holds for
+//!   itself is its queue pair, CQ, completion channel and send slots (`send_depth` × 128
+//!   bytes: 16 KiB registered with the defaults), plus its own receive buffers only with
+//!   `srq_depth = 0`. [`VerbsTransport::memory_use`] reports both parts.
 //! - **Completions.** One CQ per connection, armed through a completion channel whose fd sits
 //!   on tokio's `AsyncFd`; every wake drains the CQ completely and posts everything credits
 //!   allow with one doorbell. Sends are signaled selectively: the last of each batch and at
@@ -100,8 +113,12 @@
 //!   completion channel and sleeps: a reply that comes within the budget costs no completion
 //!   event and no wake-up through the kernel. It yields to the runtime between polls, so the
 //!   application's tasks on the same thread keep running. An idle connection spins for at most
-//!   `poll_spin` after its last activity, then sleeps. `busy_poll` spins always. The CQ is sized for every work request that can be
-//!   outstanding (send queue + receive queue), so it cannot overflow.
+//!   `poll_spin` after its last activity, then sleeps. `busy_poll` spins always.
+//! - **No lost completion.** The CQ is sized for every work request that can complete before
+//!   the driver polls: the send queue plus the connection's own receive queue, or, through the
+//!   shared queue, all of its `srq_depth` buffers (a peer that ignores its credits can fill
+//!   every slot before its connection fails; a slot is posted again only after its completion
+//!   was polled). So it cannot overflow, and no shared buffer is lost with a completion.
 //! - **Teardown.** `close()` sends CLOSE (the peer's receiver sees a clean end); dropping both
 //!   halves keeps the connection alive in the background while outstanding work (a peer still
 //!   reading a rendezvous payload) makes progress, gives up after `linger` without a completion,
@@ -117,7 +134,12 @@
 //! or unbounded work, and other connections go on.
 //!
 //! What a peer **can** make this side hold, per connection, at most:
-//! - receive buffers: `recv_depth × recv_buf_size()` (posted before connecting);
+//! - receive buffers: its credits' worth (`recv_depth`) of the shared receive queue, or of its
+//!   connection's own buffers with `srq_depth = 0`. A peer that sends beyond its credits takes
+//!   shared buffers from other connections for a moment (they wait an RNR delay, nothing is
+//!   lost) until its first message without a credit fails its connection
+//!   (`tests/hostile.rs`: 120 messages with 15 allowed; the other connection goes on and the
+//!   queue is full again afterwards);
 //! - rendezvous targets: `max_rendezvous_in` transfers and `max_rendezvous_in_bytes` (one
 //!   transfer up to `max_message_size` is always allowed); each allocated only when its first
 //!   READ is posted, and none started while the application is behind;
