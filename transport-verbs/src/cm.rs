@@ -244,9 +244,13 @@ fn resources(
         use sideway::ibverbs::device::DeviceInfo as _;
         ctx.name()
     };
-    let domain = domains
-        .for_context(&ctx, &device, cfg)
-        .map_err(|e| cm_err("ibv_alloc_pd", addr, e))?;
+    let domain = domains.for_context(&ctx, &device, cfg).map_err(|e| {
+        cm_err(
+            "device resources (ibv_alloc_pd, shared receive queue)",
+            addr,
+            e,
+        )
+    })?;
     let pd = domain.pd.clone();
     let comp =
         CompletionChannel::new(&ctx).map_err(|e| cm_err("ibv_create_comp_channel", addr, e))?;

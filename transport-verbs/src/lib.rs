@@ -229,6 +229,13 @@
 //! TRANSPORT_VERBS_REQUIRE_DEVICE=1 TB_IP_ADDR=<eth0's IPv4> cargo test -p transport-verbs
 //! ```
 //!
+//! Registered memory is locked memory: with the defaults the first connection on a device
+//! registers the shared receive queue (128 × 64 KiB + headers, 8.4 MB) and each connection
+//! 16 KiB of send slots, plus the pool's send and rendezvous buffers as traffic needs them.
+//! Under a small `RLIMIT_MEMLOCK` (8 MiB is a common default) the registration fails with
+//! [`VerbsError::Registration`], which names the limit: raise it (`ulimit -l`), or lower
+//! `srq_depth` or `eager_limit`.
+//!
 //! Without RDMA, `cargo xtask testbed verbs` runs the same tests in a QEMU guest with `rdma_rxe`
 //! (see `docs/testbed.md`).
 
