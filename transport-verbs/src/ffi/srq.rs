@@ -150,8 +150,14 @@ impl<B: LocalMemory> Srq<B> {
         // lock is held, so no other thread reuses these slots meanwhile.
         let rc = unsafe { sys::ibv_post_srq_recv(self.raw(), wrs.as_mut_ptr(), &mut bad) };
         if rc != 0 {
-            // Requests from `bad` on were not posted: their buffers go back to the pool.
-            let first_bad = (0..n).find(|&i| std::ptr::eq(&wrs[i], bad)).unwrap_or(0);
+            // Requests from `bad` on were not posted: their buffers go back to the pool. A
+            // provider that names no request of the list leaves it unknown which were posted:
+            // then all stay in the table (a completion may still name them), never released
+            // while the device could write into them.
+            let Some(first_bad) = (0..n).find(|&i| std::ptr::eq(&wrs[i], bad)) else {
+                self.posted.fetch_add(n, Ordering::Relaxed);
+                return Err(io::Error::from_raw_os_error(rc));
+            };
             for w in &wrs[first_bad..] {
                 let slot = (w.wr_id & !super::RECV_BIT) as usize;
                 t.slots[slot] = None;
