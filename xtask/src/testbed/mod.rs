@@ -559,7 +559,8 @@ pub fn guest_bench_args(user: &[String]) -> Vec<String> {
 }
 
 /// `cargo xtask bench` on a host without RDMA: boots the soft-RoCE guest and runs perftest's
-/// `ib_send_lat` (2 B), `ib_send_bw` (64 KiB) and `ib_write_bw` (64 KiB, 1 MiB), then the
+/// `ib_send_lat` (2 B), `ib_send_bw` (64 KiB), `ib_write_bw` (64 KiB, 1 MiB; one way and both
+/// ways at once) and `ib_read_bw` (64 KiB, 1 MiB), then the
 /// bench's verbs rows (`bench` built for the host, shared read-only), all in one boot.
 /// Figures under emulation mean nothing absolute: compare them with perftest's of the same boot.
 ///
@@ -607,6 +608,17 @@ pub fn bench_in_guest(bench: &Path, user_args: &[String]) -> Result<String, Stri
             "ib_write_bw {DEV} -F -n 300 -s 1048576 --report_gbits"
         )),
     );
+    // Both directions at once (`-b`): what an echo row, which carries its payload both ways,
+    // compares with (per direction, half of the reported sum).
+    for (name, size, n) in [("64K", 65536, 2000), ("1M", 1048576, 300)] {
+        s.step(
+            &format!("perftest:ib_write_bw-{name}-bidirectional"),
+            120,
+            &pair(&format!(
+                "ib_write_bw {DEV} -F -b -n {n} -s {size} --report_gbits"
+            )),
+        );
+    }
     // The bench's own link stream reads (see transport_verbs::link): its perftest twin.
     for (name, size, n) in [("64K", 65536, 2000), ("1M", 1048576, 300)] {
         s.step(
@@ -635,7 +647,7 @@ pub fn bench_in_guest(bench: &Path, user_args: &[String]) -> Result<String, Stri
     share.write("run.sh", &s.finish())?;
     let log = Log::create(&bed.cache.join("logs"), "bench")?;
     let outcomes = bed.boot(
-        vec![single_guest(&share, 6 * 120 + BENCH_SECS + 30, None)],
+        vec![single_guest(&share, 8 * 120 + BENCH_SECS + 30, None)],
         &log,
     )?;
     report(&outcomes, &log, started)?;
