@@ -99,6 +99,9 @@ pub struct GuestSpec {
     pub wire: Option<Wire>,
     /// Hard limit from QEMU's start to its end.
     pub deadline: Duration,
+    /// The label of a guest whose end also ends this one (a server guest whose client guest
+    /// is done): it is then stopped, which is not a failure.
+    pub ends_with: Option<String>,
 }
 
 /// The prefix of console lines that carry data for the host rather than output for the
@@ -116,6 +119,8 @@ pub struct Outcome {
     pub status: Option<ExitStatus>,
     /// Why the host killed it, if it did.
     pub killed: Option<String>,
+    /// Why the host stopped it while it was running well (its `ends_with` guest ended).
+    pub stopped: Option<String>,
     /// Console lines.
     pub transcript: Vec<String>,
     /// Time from QEMU's start to the READY line.
@@ -125,9 +130,16 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// True only when the guest reported rc 0 *and* QEMU exited through isa-debug-exit with it.
+    /// True only when the guest reported rc 0 *and* QEMU exited through isa-debug-exit with it,
+    /// or it was still running, neither killed nor failed, when its `ends_with` guest ended.
     pub fn ok(&self) -> bool {
-        self.killed.is_none() && self.rc == Some(0) && self.status.and_then(|s| s.code()) == Some(1)
+        if self.killed.is_some() {
+            return false;
+        }
+        if self.stopped.is_some() {
+            return self.rc.is_none();
+        }
+        self.rc == Some(0) && self.status.and_then(|s| s.code()) == Some(1)
     }
 
     /// One line saying what went wrong (or that nothing did).
@@ -144,6 +156,12 @@ impl Outcome {
         if let Some(why) = &self.killed {
             return format!(
                 "{who} killed after {:.0}s: {why}",
+                self.elapsed.as_secs_f64()
+            );
+        }
+        if let Some(why) = &self.stopped {
+            return format!(
+                "{who} stopped after {:.1}s: {why}",
                 self.elapsed.as_secs_f64()
             );
         }
@@ -237,15 +255,33 @@ struct Running {
     transcript: Arc<Mutex<Vec<String>>>,
     readers: Vec<JoinHandle<()>>,
     status: Option<ExitStatus>,
+    /// When QEMU was seen to have exited by itself.
+    ended_at: Option<Instant>,
     killed: Option<String>,
+    stopped: Option<String>,
 }
 
+/// How long a guest with `ends_with` may go on after that guest ended before it is stopped.
+const PEER_GRACE: Duration = Duration::from_secs(5);
+
 impl Running {
-    fn kill(&mut self, why: String) {
+    /// Ends QEMU (and its process group) and reaps it.
+    fn end(&mut self) {
         sys::kill_group(self.child.id());
         let _ = self.child.kill();
         self.status = self.child.wait().ok();
+    }
+
+    /// Ends a guest that went wrong (a failure).
+    fn kill(&mut self, why: String) {
+        self.end();
         self.killed = Some(why);
+    }
+
+    /// Ends a guest that has nothing left to do (not a failure).
+    fn stop(&mut self, why: String) {
+        self.end();
+        self.stopped = Some(why);
     }
 }
 
@@ -405,7 +441,9 @@ pub fn run(
             transcript,
             readers,
             status: None,
+            ended_at: None,
             killed: None,
+            stopped: None,
         });
     }
 
@@ -413,7 +451,10 @@ pub fn run(
         let mut pending = 0;
         for r in running.iter_mut().filter(|r| r.status.is_none()) {
             match r.child.try_wait() {
-                Ok(Some(status)) => r.status = Some(status),
+                Ok(Some(status)) => {
+                    r.status = Some(status);
+                    r.ended_at = Some(Instant::now());
+                }
                 Ok(None) => {
                     let elapsed = r.started.elapsed();
                     let ready = r.ready.lock().map(|g| g.is_some()).unwrap_or(false);
@@ -437,12 +478,26 @@ pub fn run(
         if pending == 0 {
             break;
         }
+        // A guest whose `ends_with` guest ended a while ago (time for a server to finish on
+        // its own and report) is done too.
+        let ended: Vec<String> = running
+            .iter()
+            .filter(|r| r.ended_at.is_some_and(|t| t.elapsed() >= PEER_GRACE))
+            .map(|r| r.spec.label.clone())
+            .collect();
+        for r in running.iter_mut().filter(|r| r.status.is_none()) {
+            if let Some(peer) = r.spec.ends_with.clone().filter(|p| ended.contains(p)) {
+                r.stop(format!("guest {peer} ended, and this one runs for it only"));
+            }
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 
     let mut outcomes = Vec::new();
     for mut r in running {
-        let elapsed = r.started.elapsed();
+        let elapsed = r
+            .ended_at
+            .map_or_else(|| r.started.elapsed(), |t| t.duration_since(r.started));
         for h in r.readers.drain(..) {
             let _ = h.join();
         }
@@ -462,6 +517,7 @@ pub fn run(
             rc,
             status: r.status,
             killed: r.killed.take(),
+            stopped: r.stopped.take(),
             transcript,
             ready_after,
             elapsed,
@@ -489,10 +545,27 @@ mod tests {
             rc: Some(0),
             status: None,
             killed: None,
+            stopped: None,
             transcript: lines.iter().map(|s| s.to_string()).collect(),
             ready_after: None,
             elapsed: Duration::ZERO,
         }
+    }
+
+    /// A guest stopped because its peer ended passes only if it had reported nothing yet (it
+    /// was still running its command); a killed one never passes.
+    #[test]
+    fn a_guest_stopped_with_its_peer_passes_unless_it_had_failed() {
+        let mut o = passed_with(&[]);
+        o.rc = None;
+        o.stopped = Some("guest B ended".into());
+        assert!(o.ok(), "{}", o.describe());
+        assert!(o.describe().contains("stopped"), "{}", o.describe());
+        o.rc = Some(1);
+        assert!(!o.ok(), "it had failed before it was stopped");
+        o.rc = None;
+        o.killed = Some("hard deadline".into());
+        assert!(!o.ok(), "killed");
     }
 
     /// Data lines come back whole and in order, without their prefix; other lines are left.

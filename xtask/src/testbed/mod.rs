@@ -186,6 +186,7 @@ fn single_guest(share: &Share, script_secs: u32, deadline: Option<Duration>) -> 
         wire: None,
         deadline: deadline
             .unwrap_or_else(|| Duration::from_secs(u64::from(script_secs)) + HOST_MARGIN),
+        ends_with: None,
     }
 }
 
@@ -421,6 +422,8 @@ fn two_hosts(args: &[String]) -> Result<(), String> {
             mac: format!("52:54:00:77:00:{me:02x}"),
         }),
         deadline,
+        // The server guest runs for the client only: it ends when the client guest does.
+        ends_with: (me == 1).then(|| "B".to_owned()),
     };
     let log = Log::create(&bed.cache.join("logs"), "two-hosts")?;
     let outcomes = bed.boot(
