@@ -116,11 +116,7 @@ impl SpinSet {
             if self.added.get(&fd) == Some(&true) {
                 epolled.push(fd);
             } else {
-                polled.push(libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                });
+                polled.push(pollin(fd));
             }
         }
         (polled, epolled)
@@ -236,14 +232,7 @@ pub fn spin_before_park(budget: Duration) -> Spun {
                 })
             }
             _ => {
-                let mut fds: Vec<libc::pollfd> = waiting
-                    .iter()
-                    .map(|&fd| libc::pollfd {
-                        fd,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    })
-                    .collect();
+                let mut fds: Vec<libc::pollfd> = waiting.iter().map(|&fd| pollin(fd)).collect();
                 spin(budget, || readable(&mut fds))
             }
         };
@@ -298,6 +287,15 @@ fn is_unix_socket(fd: RawFd) -> bool {
         )
     };
     rc == 0 && domain == libc::AF_UNIX
+}
+
+/// `fd` asked for readability, for `poll(2)`.
+fn pollin(fd: RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
 }
 
 /// True if any of `fds` is readable (or closed, or failed: the runtime must look).

@@ -28,8 +28,6 @@ pub(crate) struct Resources {
     pub(crate) device: String,
     /// Counts this connection in its domain; dropped after the endpoint.
     pub(crate) member: Member,
-    /// Receives through the device's shared receive queue (not a queue of its own).
-    pub(crate) shared_recv: bool,
 }
 
 /// Where a connection's queue pair receives.
@@ -56,7 +54,7 @@ pub(crate) struct Established {
 /// Posts the initial receive buffers (before the peer can send); nothing to do for a queue
 /// pair that receives through the device's shared receive queue (filled when it was made).
 fn prepost(mut r: Resources, cfg: &VerbsConfig) -> Result<Resources, TransportError> {
-    if r.shared_recv {
+    if r.ep.receives_shared() {
         return Ok(r);
     }
     for _ in 0..cfg.recv_depth {
@@ -255,20 +253,13 @@ fn resources(
     let comp =
         CompletionChannel::new(&ctx).map_err(|e| cm_err("ibv_create_comp_channel", addr, e))?;
     comp.set_nonblocking(true)?;
-    let srq = match mode {
-        RecvMode::Shared => domain.srq.clone(),
-        RecvMode::Own => None,
+    let recv = match (mode, &domain.srq) {
+        (RecvMode::Shared, Some(s)) => RecvQueue::Shared(s.clone()),
+        _ => RecvQueue::Own(cfg.recv_depth),
     };
     // The CQ never overflows (a lost completion would lose its buffer): it has room for the
-    // whole send queue and every receive this QP can complete before its driver polls. With
-    // its own receive queue that is `recv_depth`; through the shared queue a peer that ignores
-    // its credits can fill every slot of it (a slot is posted again only after its completion
-    // was polled), so `srq_depth`.
-    let receives = if srq.is_some() {
-        cfg.srq_depth
-    } else {
-        cfg.recv_depth
-    };
+    // whole send queue and every receive this QP can complete before its driver polls.
+    let receives = recv.completions();
     let cqe = (cfg.send_depth + receives + 16) as u32;
     let cq = ctx
         .create_cq_builder()
@@ -278,11 +269,7 @@ fn resources(
         .map_err(|e| cm_err("ibv_create_cq", addr, e))?;
     let mut inline = cfg.inline_size as u32;
     let (qp, caps) = loop {
-        let recv = match &srq {
-            Some(s) => RecvQueue::Shared(s.clone()),
-            None => RecvQueue::Own(cfg.recv_depth),
-        };
-        match RawQp::create(&pd, &cq, cfg.send_depth, recv, inline) {
+        match RawQp::create(&pd, &cq, cfg.send_depth, &recv, inline) {
             Ok(qp) => break qp,
             Err(_) if inline > 0 => inline = 0,
             Err(e) => return Err(cm_err("ibv_create_qp", addr, e)),
@@ -307,15 +294,12 @@ fn resources(
         pd.clone(),
         ctrl,
         cfg.send_depth,
-        match &srq {
-            Some(s) => Err(s.clone()),
-            None => Ok(cfg.recv_depth),
-        },
+        recv.clone(),
         inline as usize,
     );
-    let posted = match &srq {
-        Some(_) => 0,
-        None => cfg.recv_depth * cfg.recv_buf_size(),
+    let posted = match recv {
+        RecvQueue::Shared(_) => 0,
+        RecvQueue::Own(depth) => depth * cfg.recv_buf_size(),
     };
     let member = domain.join(cfg.send_depth * CTRL_SLOT, posted);
     Ok(Resources {
@@ -324,7 +308,6 @@ fn resources(
         metrics,
         device,
         member,
-        shared_recv: srq.is_some(),
     })
 }
 

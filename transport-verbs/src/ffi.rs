@@ -569,12 +569,12 @@ impl<B: LocalMemory> Endpoint<B> {
         pd: Arc<ProtectionDomain>,
         ctrl: OwnedRegion,
         sq_depth: usize,
-        recv: Result<usize, Arc<Srq<B>>>,
+        recv: RecvQueue<B>,
         inline_max: usize,
     ) -> Endpoint<B> {
         let (recv_depth, srq) = match recv {
-            Ok(depth) => (depth, None),
-            Err(srq) => (0, Some(srq)),
+            RecvQueue::Own(depth) => (depth, None),
+            RecvQueue::Shared(srq) => (0, Some(srq)),
         };
         Endpoint {
             qp: Some(qp),
@@ -609,6 +609,11 @@ impl<B: LocalMemory> Endpoint<B> {
 
     pub(crate) fn inline_max(&self) -> usize {
         self.inline_max
+    }
+
+    /// Whether this QP receives through the device's shared receive queue.
+    pub(crate) fn receives_shared(&self) -> bool {
+        self.srq.is_some()
     }
 
     pub(crate) fn sq_room(&self) -> usize {
@@ -945,18 +950,8 @@ impl<B: LocalMemory> Endpoint<B> {
 
     /// Polls up to 32 completions into `out`; returns how many work completions were read.
     pub(crate) fn poll(&mut self, out: &mut Vec<Completion<B>>) -> io::Result<usize> {
-        self.wcs.clear();
-        let cap = self.wcs.capacity();
-        // SAFETY: `wcs` has room for `cap` entries; ibv_poll_cq writes at most that many and
-        // returns how many it wrote (or a negative error). The CQ is valid while `self.cq` lives.
-        let n =
-            unsafe { sys::ibv_poll_cq(self.cq.cq().as_ptr(), cap as i32, self.wcs.as_mut_ptr()) };
-        if n < 0 {
-            return Err(io::Error::from_raw_os_error(-n));
-        }
-        // SAFETY: the first `n` entries were initialised by ibv_poll_cq.
-        unsafe { self.wcs.set_len(n as usize) };
-        for i in 0..n as usize {
+        let n = self.poll_wcs()?;
+        for i in 0..n {
             let wc = self.wcs[i];
             let status = if wc.status == sys::ibv_wc_status::IBV_WC_SUCCESS {
                 Ok(())
@@ -986,6 +981,23 @@ impl<B: LocalMemory> Endpoint<B> {
                 self.complete_sq(wc.wr_id, status, out);
             }
         }
+        Ok(n)
+    }
+
+    /// Reads up to 32 work completions into `self.wcs`; returns how many.
+    fn poll_wcs(&mut self) -> io::Result<usize> {
+        self.wcs.clear();
+        let cap = self.wcs.capacity();
+        // SAFETY: `wcs` has room for `cap` entries; ibv_poll_cq writes at most that many and
+        // returns how many it wrote (or a negative error). The CQ is valid while `self.cq` lives
+        // (also in `Drop`, whose body runs before the fields drop).
+        let n =
+            unsafe { sys::ibv_poll_cq(self.cq.cq().as_ptr(), cap as i32, self.wcs.as_mut_ptr()) };
+        if n < 0 {
+            return Err(io::Error::from_raw_os_error(-n));
+        }
+        // SAFETY: the first `n` entries were initialised by ibv_poll_cq.
+        unsafe { self.wcs.set_len(n as usize) };
         Ok(n as usize)
     }
 
@@ -1135,18 +1147,7 @@ impl<B: LocalMemory> Drop for Endpoint<B> {
             // are posted again (the same buffers; what they hold is not needed), or the SRQ
             // would shrink by one buffer each.
             let mut bufs = std::mem::take(&mut self.srq_staged);
-            loop {
-                self.wcs.clear();
-                let cap = self.wcs.capacity();
-                // SAFETY: as in `poll`; the CQ is still alive (fields drop after this body).
-                let n = unsafe {
-                    sys::ibv_poll_cq(self.cq.cq().as_ptr(), cap as i32, self.wcs.as_mut_ptr())
-                };
-                if n <= 0 {
-                    break;
-                }
-                // SAFETY: the first `n` entries were initialised by ibv_poll_cq.
-                unsafe { self.wcs.set_len(n as usize) };
+            while let Ok(1..) = self.poll_wcs() {
                 for wc in &self.wcs {
                     if wc.wr_id & RECV_BIT != 0 {
                         bufs.extend(srq.take((wc.wr_id & !RECV_BIT) as usize));

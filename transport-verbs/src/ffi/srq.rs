@@ -88,6 +88,15 @@ impl<B: LocalMemory> Srq<B> {
         self.srq.as_ptr()
     }
 
+    /// Slots of the queue (buffers it holds when full).
+    pub(crate) fn depth(&self) -> usize {
+        self.table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .slots
+            .len()
+    }
+
     /// Buffers posted right now.
     pub(crate) fn posted(&self) -> usize {
         self.posted.load(Ordering::Relaxed)
@@ -197,25 +206,39 @@ impl<B: LocalMemory> Drop for Srq<B> {
     }
 }
 
-/// How a queue pair receives: into its own receive queue, or through a shared one.
-pub(crate) enum RecvQueue {
+/// How a queue pair receives: into its own receive queue, or through a shared one (kept alive
+/// by the queue pair and by its endpoint).
+pub(crate) enum RecvQueue<B: LocalMemory> {
     /// Its own receive queue of this depth.
     Own(usize),
-    /// A shared receive queue (kept alive by the queue pair).
-    Shared(Arc<dyn SrqHandle>),
+    /// The device's shared receive queue.
+    Shared(Arc<Srq<B>>),
 }
 
-/// What a queue pair needs of an [`Srq`], whatever its buffer type.
-pub(crate) trait SrqHandle: Send + Sync {
-    /// The SRQ's handle.
-    fn handle(&self) -> *mut sys::ibv_srq;
-}
-
-impl<B: LocalMemory> SrqHandle for Srq<B> {
-    fn handle(&self) -> *mut sys::ibv_srq {
-        self.raw()
+impl<B: LocalMemory> Clone for RecvQueue<B> {
+    fn clone(&self) -> Self {
+        match self {
+            RecvQueue::Own(d) => RecvQueue::Own(*d),
+            RecvQueue::Shared(s) => RecvQueue::Shared(s.clone()),
+        }
     }
 }
+
+impl<B: LocalMemory> RecvQueue<B> {
+    /// Receives this queue pair can complete before its driver polls: its own queue's depth,
+    /// or every slot of the shared queue (a peer that ignores its credits can fill them all).
+    pub(crate) fn completions(&self) -> usize {
+        match self {
+            RecvQueue::Own(d) => *d,
+            RecvQueue::Shared(s) => s.depth(),
+        }
+    }
+}
+
+/// What a queue pair keeps of an [`Srq`], whatever its buffer type.
+trait SrqHandle: Send + Sync {}
+
+impl<B: LocalMemory> SrqHandle for Srq<B> {}
 
 /// A reliable-connected queue pair created with `ibv_create_qp`.
 pub(crate) struct RawQp {
@@ -238,16 +261,16 @@ pub(crate) struct QpCaps {
 
 impl RawQp {
     /// Creates an RC queue pair on `pd` whose send and receive completions go to `cq`.
-    pub(crate) fn create(
+    pub(crate) fn create<B: LocalMemory>(
         pd: &Arc<ProtectionDomain>,
         cq: &Arc<BasicCompletionQueue>,
         send_depth: usize,
-        recv: RecvQueue,
+        recv: &RecvQueue<B>,
         inline: u32,
     ) -> io::Result<(RawQp, QpCaps)> {
-        let (srq, keep, recv_depth) = match recv {
-            RecvQueue::Own(d) => (std::ptr::null_mut(), None, d),
-            RecvQueue::Shared(s) => (s.handle(), Some(s), 0),
+        let (srq, keep, recv_depth): (_, Option<Arc<dyn SrqHandle>>, _) = match recv {
+            RecvQueue::Own(d) => (std::ptr::null_mut(), None, *d),
+            RecvQueue::Shared(s) => (s.raw(), Some(s.clone()), 0),
         };
         let depth = |d: usize| u32::try_from(d).map_err(|_| io::ErrorKind::InvalidInput);
         // SAFETY: the handle is only read here; `cq` (kept by the returned QP) keeps it valid.
