@@ -4,7 +4,7 @@
 //! fresh address to listen on) and expands [`conformance_tests!`](crate::conformance_tests) in
 //! an integration test:
 //!
-//! ```ignore
+//! ```text
 //! // transport-foo/tests/conformance.rs
 //! struct Foo;
 //! impl transport_core::conformance::Backend for Foo { /* ... */ }

@@ -15,7 +15,7 @@
 //!   magic, oversized and truncated frames — against an [`RpcServer`] whose transport was
 //!   built from a [`StreamConfig`] the case chooses ([`StreamBackend::stream_transport`]).
 //!
-//! ```ignore
+//! ```text
 //! // transport-foo/tests/hostile.rs
 //! struct Foo;
 //! impl transport_core::conformance::Backend for Foo { /* ... */ }

@@ -43,7 +43,9 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::codec::Decoder;
 
 mod socket;
+mod unix;
 pub use socket::{SocketReceiver, SocketSender, StreamConnection, StreamSocket};
+pub use unix::{UnixReadHalf, UnixWriteHalf, CLEAN_WRITES_TO_DEREGISTER};
 
 /// Default largest message: 64 MiB.
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 64 << 20;

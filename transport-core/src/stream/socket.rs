@@ -41,12 +41,16 @@ impl StreamSocket for tokio::net::TcpStream {
     }
 }
 
+/// Unix sockets split into halves of this crate ([`super::unix`]): tokio's would register
+/// the socket for write space too, and a Unix socket reports write space on every read by its
+/// peer, waking the writer's runtime for nothing once per message. Call `into_split` inside
+/// the runtime that will drive the halves.
 impl StreamSocket for tokio::net::UnixStream {
-    type ReadHalf = tokio::net::unix::OwnedReadHalf;
-    type WriteHalf = tokio::net::unix::OwnedWriteHalf;
+    type ReadHalf = super::unix::UnixReadHalf;
+    type WriteHalf = super::unix::UnixWriteHalf;
 
     fn into_split(self) -> (Self::ReadHalf, Self::WriteHalf) {
-        tokio::net::UnixStream::into_split(self)
+        super::unix::split(self)
     }
 }
 
