@@ -12,6 +12,7 @@ use bytes::Bytes;
 use std::io::{Read, Write};
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use transport_core::rpc::blocking::{BlockingClient, BlockingConfig, BlockingServer};
 use transport_core::rpc::{ClientConfig, Request, RpcClient, RpcServer, ServerConfig, Status};
 use transport_core::{Connection, HeaderBytes, Message, MessageReceiver, MessageSender};
 use transport_uds::UdsConnection;
@@ -177,6 +178,51 @@ fn rpc(n: usize, cpu: usize) -> f64 {
     })
 }
 
+/// `transport_core::rpc::blocking`'s client against the async RPC server.
+fn blocking_client_rpc(n: usize, cpu: usize) -> f64 {
+    let (a, b) = connections();
+    let serve = move || {
+        runtime().block_on(async move {
+            let handler = |_: Request| async move { Ok::<_, Status>(Bytes::new()) };
+            let server = RpcServer::new(handler, ServerConfig::default());
+            let _ = server.serve_connection(connection(b)).await;
+        })
+    };
+    measure(cpu, serve, move || blocking_calls(a, n))
+}
+
+/// `transport_core::rpc::blocking` at both ends: the client, and the server serving the
+/// connection on its own thread.
+fn blocking_rpc(n: usize, cpu: usize) -> f64 {
+    let (a, b) = connections();
+    let rt = runtime();
+    let handle = rt.handle().clone();
+    let serve = move || {
+        let handler = |_: Request| async move { Ok::<_, Status>(Bytes::new()) };
+        let server = BlockingServer::new(
+            handler,
+            ServerConfig::default(),
+            BlockingConfig::default(),
+            handle,
+        );
+        let _ = server.serve_connection(b);
+        drop(rt);
+    };
+    measure(cpu, serve, move || blocking_calls(a, n))
+}
+
+fn blocking_calls(a: std::os::unix::net::UnixStream, n: usize) -> f64 {
+    let mut client = BlockingClient::new(a, BlockingConfig::default()).expect("client");
+    let mut t = Instant::now();
+    for i in 0..WARMUP + n {
+        if i == WARMUP {
+            t = Instant::now();
+        }
+        client.call(1, &[]).expect("call");
+    }
+    t.elapsed().as_secs_f64() * 1e6 / n as f64
+}
+
 /// A layer's measurement: round trips, server CPU -> µs per round trip.
 type Layer = fn(usize, usize) -> f64;
 
@@ -196,11 +242,13 @@ fn main() {
         Some("split") => 1,
         Some(other) => panic!("placement is same or split, not {other}"),
     };
-    let layers: [(&str, Layer); 4] = [
+    let layers: [(&str, Layer); 6] = [
         ("os (blocking std sockets)", os),
         ("bare tokio UnixStream", bare_tokio),
         ("raw (UdsConnection)", raw),
         ("rpc (void o())", rpc),
+        ("blocking client, rpc server", blocking_client_rpc),
+        ("blocking rpc (both ends)", blocking_rpc),
     ];
     let mut results = vec![Vec::new(); layers.len()];
     for _ in 0..ROUNDS {

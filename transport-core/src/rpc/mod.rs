@@ -11,6 +11,7 @@
 //! | Error | server | code (u32 LE) + UTF-8 message | — |
 //! | Cancel | client | empty | nothing (the handler is dropped) |
 
+pub mod blocking;
 mod client;
 mod error;
 pub mod header;

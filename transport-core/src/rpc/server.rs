@@ -32,7 +32,7 @@ pub struct Request {
     pub payload: Bytes,
     /// True for a oneway call: the result is not sent anywhere.
     pub oneway: bool,
-    pool: Arc<dyn BufferPool>,
+    pub(crate) pool: Arc<dyn BufferPool>,
 }
 
 impl Request {
