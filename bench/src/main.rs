@@ -62,6 +62,7 @@
 //! Local mode and `bench scenario` put their Unix sockets in a fresh private directory
 //! (mode 0700, under the temporary directory), removed at the end of the run.
 
+mod blocking;
 mod doctor;
 mod link;
 mod measure;
@@ -75,7 +76,7 @@ mod sys;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use measure::{Layer, Op, Peer};
+use measure::{Layer, Op, Peer, RpcIo};
 use report::{Placement, Report, Unavailable};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -245,6 +246,12 @@ struct RunArgs {
     /// 0: each connection posts its own; default: the library's).
     #[arg(long)]
     verbs_srq_depth: Option<usize>,
+    /// How the RPC rows are measured: `async` (RpcClient and RpcServer on tokio) or
+    /// `blocking` (`transport_core::rpc::blocking`: the client blocks in recv, one call at a
+    /// time, a thread per connection on the server; local mode, uds and tcp; verbs stays
+    /// async).
+    #[arg(long, value_enum, default_value_t = RpcIo::Async)]
+    rpc_io: RpcIo,
     /// Transports to measure (local mode).
     #[arg(long, value_delimiter = ',', value_enum, default_values_t = [TransportName::Uds, TransportName::Tcp, TransportName::Verbs])]
     transports: Vec<TransportName>,
@@ -378,6 +385,7 @@ impl RunArgs {
             window: self.window as usize,
             window_bytes: self.window_bytes,
             client_core,
+            rpc_io: self.rpc_io,
         }
     }
 
@@ -603,19 +611,26 @@ fn verbs_here() -> Result<(VerbsTransport, SocketAddr), String> {
 /// Local mode on a socket transport: starts the in-process bench server of `transport` at
 /// `addr` and, unless `--only rpc`, the OS baseline server at `os`; runs the suite against
 /// them. Both servers stop when the run ends.
+/// With `--rpc-io blocking` the RPC rows go to a blocking RPC server at `blocking` instead.
 fn run_local<T: Transport + Clone>(
     transport: T,
     addr: T::Addr,
     os: os::Target,
+    blocking: os::Target,
     place: &Placement,
     settings: &Settings,
     progress: &ProgressBar,
 ) -> Result<suite::TransportReport, String> {
     let (addr, counters) = spawn_server(transport.clone(), addr, place.server_core)?;
+    let blocking = match settings.rpc_io {
+        RpcIo::Async => None,
+        RpcIo::Blocking => Some(blocking::Server::start(blocking, place.server_core)?),
+    };
     let peer = Peer {
         transport: &transport,
         addr: &addr,
         counters: Some(&counters),
+        blocking: blocking.as_ref().map(blocking::Server::target),
     };
     if !settings.raw() {
         return suite::run(&peer, rpc_only(), settings, progress);
@@ -649,10 +664,12 @@ fn local(args: &RunArgs) -> Result<(), String> {
                 // Removed (with the socket) when the run on uds ends, error or not.
                 let (dir, path) = local_socket()?;
                 let os = os::Target::Uds(dir.path().join("os.sock"));
+                let blocking = os::Target::Uds(dir.path().join("rpc-blocking.sock"));
                 let r = run_local(
                     UdsTransport::default(),
                     UdsAddr(path),
                     os,
+                    blocking,
                     &place,
                     &settings,
                     &progress,
@@ -667,6 +684,7 @@ fn local(args: &RunArgs) -> Result<(), String> {
                     TcpTransport::default(),
                     loopback,
                     os,
+                    os::Target::Tcp(loopback),
                     &place,
                     &settings,
                     &progress,
@@ -684,6 +702,7 @@ fn local(args: &RunArgs) -> Result<(), String> {
                         transport: &verbs,
                         addr: &addr,
                         counters: Some(&counters),
+                        blocking: None,
                     };
                     let baseline = match &link {
                         Some(l) => OsBaseline::Link(l.target()),
@@ -969,6 +988,9 @@ impl Remote {
 }
 
 fn client(host: &str, transport: Option<RemoteTransport>, args: &RunArgs) -> Result<(), String> {
+    if args.rpc_io == RpcIo::Blocking {
+        return Err("--rpc-io blocking is measured in local mode only (`bench local`)".into());
+    }
     let started = Instant::now();
     if args.transports != RunArgs::default_transports() {
         return Err(
@@ -990,6 +1012,7 @@ fn client(host: &str, transport: Option<RemoteTransport>, args: &RunArgs) -> Res
             transport,
             addr,
             counters: None,
+            blocking: None,
         }
     }
     let (r, at) = match &remote_at {

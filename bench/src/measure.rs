@@ -9,6 +9,7 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
+use transport_core::rpc::blocking::{BlockingClient, BlockingConfig, BlockingSocket};
 use transport_core::rpc::{ClientConfig, RpcClient};
 use transport_core::{
     Connection, HeaderBytes, Message, MessageReceiver, MessageSender, MetricsSnapshot, Transport,
@@ -43,6 +44,20 @@ impl Op {
     }
 }
 
+/// How the RPC rows are measured.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum RpcIo {
+    /// `RpcClient` and `RpcServer` on tokio (pipelined calls, the window applies).
+    #[default]
+    Async,
+    /// `transport_core::rpc::blocking`: the client blocks in `recv`, one call at a time; a
+    /// thread per connection on the server (uds and tcp in local mode).
+    Blocking,
+}
+
 /// The bench server a measurement runs against.
 pub struct Peer<'a, T: Transport> {
     /// The transport to reach it with.
@@ -52,6 +67,8 @@ pub struct Peer<'a, T: Transport> {
     /// Its connection counters when it runs in this process (local mode): their difference
     /// over a measurement is the server's side of it. `None` when it runs elsewhere.
     pub counters: Option<&'a ServerCounters>,
+    /// With `--rpc-io blocking`: the blocking RPC server the RPC rows go to instead.
+    pub blocking: Option<&'a crate::os::Target>,
 }
 
 /// Raw backend connection or RPC over it.
@@ -147,10 +164,15 @@ where
         let transport = peer.transport.clone();
         let addr = peer.addr.clone();
         let barrier = barrier.clone();
+        let blocking = peer.blocking.filter(|_| job.layer == Layer::Rpc).cloned();
         handles.push(std::thread::spawn(
             move || -> Result<ThreadResult, String> {
                 if let Some(core) = job.client_core {
                     sys::pin_current_thread(core)?;
+                }
+                if let Some(target) = blocking {
+                    return blocking_client_thread(&target, job, share, &barrier)
+                        .map_err(|e| format!("{} blocking: {e}", job_name(&job)));
                 }
                 let rt = sys::runtime().map_err(|e| e.to_string())?;
                 let name = transport.capabilities().name;
@@ -435,6 +457,97 @@ async fn raw_op<S: MessageSender, R: MessageReceiver>(
 }
 
 /// Runs `count` RPC calls with up to `job.window` in flight.
+/// A client thread of `--rpc-io blocking`: no runtime, one call at a time.
+fn blocking_client_thread(
+    target: &crate::os::Target,
+    job: Job,
+    count: u64,
+    barrier: &Barrier,
+) -> Result<ThreadResult, BoxError> {
+    let mut barrier = Start {
+        barrier,
+        passed: false,
+    };
+    let config = BlockingConfig::default().with_max_message_size(proto::MAX_PAYLOAD + 64);
+    match target {
+        crate::os::Target::Uds(p) => {
+            let s = std::os::unix::net::UnixStream::connect(p)?;
+            blocking_run(BlockingClient::new(s, config)?, job, count, &mut barrier)
+        }
+        crate::os::Target::Tcp(a) => {
+            let s = std::net::TcpStream::connect(a)?;
+            blocking_run(BlockingClient::new(s, config)?, job, count, &mut barrier)
+        }
+    }
+}
+
+fn blocking_run<S: BlockingSocket>(
+    mut client: BlockingClient<S>,
+    job: Job,
+    count: u64,
+    barrier: &mut Start<'_>,
+) -> Result<ThreadResult, BoxError> {
+    let payload = vec![0xa5u8; job.size];
+    blocking_op(&mut client, job, &payload, WARMUP)?;
+    barrier.wait();
+    let m0 = client.metrics().snapshot();
+    let start = Instant::now();
+    let (bytes, hist) = blocking_op(&mut client, job, &payload, count)?;
+    let end = Instant::now();
+    Ok(ThreadResult {
+        start,
+        end,
+        calls: count,
+        bytes,
+        hist,
+        metrics: client.metrics().snapshot() - m0,
+    })
+}
+
+fn blocking_op<S: BlockingSocket>(
+    client: &mut BlockingClient<S>,
+    job: Job,
+    payload: &[u8],
+    count: u64,
+) -> Result<(u64, Option<Histogram<u64>>), BoxError> {
+    match job.op {
+        Op::Ping => {
+            let mut h = new_hist();
+            for _ in 0..count {
+                let t = Instant::now();
+                client.call(method::PING, &[])?;
+                record(&mut h, t.elapsed());
+            }
+            Ok((0, Some(h)))
+        }
+        Op::Oneway => {
+            for _ in 0..count {
+                client.oneway(method::ONEWAY, payload)?;
+            }
+            // Ordered connection: the answer to this call means every oneway was read.
+            client.call(method::PING, &[])?;
+            Ok((count * job.size as u64, None))
+        }
+        Op::Send | Op::Recv | Op::Echo => {
+            let size = (job.size as u32).to_le_bytes();
+            let (m, arg, want) = match job.op {
+                Op::Send => (method::SEND, payload, 0),
+                Op::Echo => (method::ECHO, payload, job.size),
+                _ => (method::RECV, &size[..], job.size),
+            };
+            for _ in 0..count {
+                let reply = client.call(m, arg)?;
+                if reply.len() != want {
+                    return Err(
+                        format!("rpc {}: reply of {} bytes", job.op.name(), reply.len()).into(),
+                    );
+                }
+            }
+            Ok((count * job.size as u64, None))
+        }
+    }
+}
+
 async fn rpc_op<S: MessageSender>(
     client: &RpcClient<S>,
     job: Job,

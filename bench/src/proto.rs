@@ -244,42 +244,41 @@ impl<S: MessageSender, R: MessageReceiver> Connection for Presplit<S, R> {
     }
 }
 
-fn payload_pool() -> Bytes {
+/// The bytes RECV answers are sliced from.
+pub fn payload_pool() -> Bytes {
     Bytes::from(vec![0x5au8; MAX_PAYLOAD])
 }
 
-/// The bench's RPC handler.
-fn rpc_server(pool: Bytes) -> RpcServer<impl transport_core::rpc::Handler> {
-    RpcServer::new(
-        move |r: Request| {
-            let pool = pool.clone();
-            async move {
-                match r.method {
-                    method::PING | method::SEND | method::ONEWAY => Ok(Bytes::new()),
-                    method::ECHO => Ok(r.payload),
-                    method::RECV => {
-                        let mut p = r.payload;
-                        if p.len() != 4 {
-                            return Err(Status::new(
-                                transport_core::rpc::code::INVALID_ARGUMENT,
-                                "recv wants a u32 size",
-                            ));
-                        }
-                        let n = p.get_u32_le() as usize;
-                        if n > pool.len() {
-                            return Err(Status::new(
-                                transport_core::rpc::code::INVALID_ARGUMENT,
-                                "recv size above the bench's largest payload",
-                            ));
-                        }
-                        Ok(pool.slice(..n))
+/// The bench's RPC handler (methods in [`method`]), shared by the async server and the
+/// blocking one of `--rpc-io blocking`.
+pub fn rpc_handler(pool: Bytes) -> impl transport_core::rpc::Handler + Clone {
+    move |r: Request| {
+        let pool = pool.clone();
+        async move {
+            match r.method {
+                method::PING | method::SEND | method::ONEWAY => Ok(Bytes::new()),
+                method::ECHO => Ok(r.payload),
+                method::RECV => {
+                    let mut p = r.payload;
+                    if p.len() != 4 {
+                        return Err(Status::new(
+                            transport_core::rpc::code::INVALID_ARGUMENT,
+                            "recv wants a u32 size",
+                        ));
                     }
-                    m => Err(Status::unknown_method(m)),
+                    let n = p.get_u32_le() as usize;
+                    if n > pool.len() {
+                        return Err(Status::new(
+                            transport_core::rpc::code::INVALID_ARGUMENT,
+                            "recv size above the bench's largest payload",
+                        ));
+                    }
+                    Ok(pool.slice(..n))
                 }
+                m => Err(Status::unknown_method(m)),
             }
-        },
-        ServerConfig::default(),
-    )
+        }
+    }
 }
 
 /// Serves bench connections from `listener` until the process ends, counting each one in
@@ -289,7 +288,7 @@ pub async fn serve<L: Listener>(
     counters: Arc<ServerCounters>,
 ) -> Result<(), TransportError> {
     let pool = payload_pool();
-    let rpc = rpc_server(pool.clone());
+    let rpc = RpcServer::new(rpc_handler(pool.clone()), ServerConfig::default());
     loop {
         let conn = match listener.accept().await {
             Ok(c) => c,

@@ -539,8 +539,19 @@ impl Report {
         let _ = writeln!(out, "placement: {}", self.placement.summary);
         let _ = writeln!(
             out,
-            "runs: {} per figure, shown as median (min-max); RPC window: up to {} calls and {} in flight per client thread",
-            self.settings.repeat, self.settings.window, size_label(self.settings.window_bytes)
+            "runs: {} per figure, shown as median (min-max); {}",
+            self.settings.repeat,
+            match self.settings.rpc_io {
+                crate::measure::RpcIo::Async => format!(
+                    "RPC window: up to {} calls and {} in flight per client thread",
+                    self.settings.window,
+                    size_label(self.settings.window_bytes)
+                ),
+                crate::measure::RpcIo::Blocking => "RPC: blocking (transport_core::rpc::blocking: \
+                    the client blocks in recv, one call at a time; a thread per connection on \
+                    the server; verbs rows stay async)"
+                    .to_string(),
+            }
         );
         out.push('\n');
         // The OS columns appear when some transport has its OS baseline (local mode, uds and
@@ -1004,6 +1015,7 @@ pub(crate) mod tests {
             window: 16,
             window_bytes: 2 << 20,
             client_core: Some(0),
+            rpc_io: Default::default(),
         };
         Report {
             version: "test".into(),

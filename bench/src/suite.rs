@@ -39,6 +39,9 @@ pub struct Settings {
     pub window_bytes: usize,
     /// CPU the client threads are pinned to.
     pub client_core: Option<usize>,
+    /// How the RPC rows are measured (`--rpc-io`).
+    #[serde(default)]
+    pub rpc_io: measure::RpcIo,
 }
 
 impl Settings {

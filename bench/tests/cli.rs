@@ -537,3 +537,58 @@ fn json_out_and_merge_print_two_runs_in_one_table() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("none.json"), "{}", stderr(&o));
 }
+
+/// `--rpc-io blocking` measures the RPC rows with the blocking client and server: every op
+/// answers, the JSON and the tables say which RPC was measured, the client's system calls
+/// are counted, and `bench client` refuses it.
+#[test]
+fn rpc_io_blocking_measures_the_blocking_client_and_server() {
+    let mut args = vec![
+        "--rpc-io",
+        "blocking",
+        "--json",
+        "--transports",
+        "uds,tcp",
+        "--pings",
+        "40",
+        "--repeat",
+        "1",
+        "--sizes",
+        "1K,64K",
+        "--ops",
+        "ping,send,oneway,recv,echo",
+        "--bytes",
+        "256K",
+        "--no-progress",
+    ];
+    let o = bench(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is JSON");
+    assert_eq!(v["settings"]["rpc_io"], "blocking", "{v}");
+    let transports = v["transports"].as_array().unwrap();
+    assert_eq!(transports.len(), 2, "{v}");
+    for t in transports {
+        assert_eq!(t["ping"]["rpc"]["calls"], 40, "{t}");
+        assert!(t["ping"]["rpc"]["p50_us"].as_f64().unwrap() > 0.0, "{t}");
+        let cells = t["cells"].as_array().unwrap();
+        // 4 ops x 2 sizes.
+        assert_eq!(cells.len(), 8, "{t}");
+        for c in cells {
+            assert!(c["rpc"]["mbit_s"]["min"].as_f64().unwrap() > 0.0, "{c}");
+            if c["op"] == "send" || c["op"] == "echo" {
+                // A call writes its request and reads its answer: both counted.
+                let syscalls = c["rpc"]["costs"]["syscalls_per_call"].as_f64().unwrap();
+                assert!(syscalls >= 2.0, "{c}");
+            }
+        }
+    }
+    args.retain(|a| *a != "--json");
+    let o = bench(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(out.contains("RPC: blocking"), "{out}");
+
+    let o = bench(&["client", "127.0.0.1:1", "--rpc-io", "blocking"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("local mode only"), "{}", stderr(&o));
+}

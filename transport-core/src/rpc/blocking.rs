@@ -52,7 +52,7 @@ use super::header::{Kind, RpcHeader, RPC_HEADER_LEN};
 use super::server::{Handler, Request, ServerConfig};
 use crate::frame::{encode_prefix, FrameDecoder, PREFIX_LEN};
 use crate::stream::{DEFAULT_FRAME_TIMEOUT, DEFAULT_MAX_MESSAGE_SIZE};
-use crate::{HeapPool, Message, TransportError};
+use crate::{HeapPool, Message, Metrics, TransportError};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::io::{self, IoSlice, Write};
@@ -214,6 +214,7 @@ enum Got {
 /// Reads frames off a blocking socket: [`FrameDecoder`] over a buffer that grows only by
 /// what arrives, with the socket's receive timeout kept in step with the time limits.
 struct FrameReader {
+    metrics: Arc<Metrics>,
     decoder: FrameDecoder,
     buf: BytesMut,
     frame_timeout: Duration,
@@ -222,8 +223,9 @@ struct FrameReader {
 }
 
 impl FrameReader {
-    fn new(config: &BlockingConfig) -> FrameReader {
+    fn new(config: &BlockingConfig, metrics: Arc<Metrics>) -> FrameReader {
         FrameReader {
+            metrics,
             decoder: FrameDecoder::new(config.max_message_size),
             buf: BytesMut::new(),
             frame_timeout: config.frame_timeout,
@@ -239,7 +241,10 @@ impl FrameReader {
     ) -> Result<Got, TransportError> {
         loop {
             match self.decoder.decode(&mut self.buf) {
-                Ok(Some(m)) => return Ok(Got::Message(m)),
+                Ok(Some(m)) => {
+                    self.metrics.messages_received.incr();
+                    return Ok(Got::Message(m));
+                }
                 Ok(None) => {}
                 Err(TransportError::MessageTooLarge { len, max, header }) => {
                     return Ok(Got::TooLarge { len, max, header })
@@ -269,7 +274,7 @@ impl FrameReader {
                 Some(len) => (len - self.buf.len()).min(READ_CHUNK.max(self.buf.len())),
                 None => READ_CHUNK,
             };
-            match recv_into(socket, &mut self.buf, want) {
+            match recv_into(socket, &mut self.buf, want, &self.metrics) {
                 Ok(0) if !started => return Ok(Got::Closed),
                 Ok(0) => {
                     let (received, expected) = self.decoder.progress(&self.buf);
@@ -303,8 +308,15 @@ impl FrameReader {
     }
 }
 
-/// Reads at most `max` bytes from `socket` into the spare capacity of `buf` (no zeroing).
-fn recv_into<S: AsRawFd>(socket: &S, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
+/// Reads at most `max` bytes from `socket` into the spare capacity of `buf` (no zeroing),
+/// counting the system call and the bytes in `metrics`.
+fn recv_into<S: AsRawFd>(
+    socket: &S,
+    buf: &mut BytesMut,
+    max: usize,
+    metrics: &Metrics,
+) -> io::Result<usize> {
+    metrics.syscalls.incr();
     buf.reserve(max);
     let spare = buf.spare_capacity_mut();
     let len = spare.len().min(max);
@@ -317,11 +329,18 @@ fn recv_into<S: AsRawFd>(socket: &S, buf: &mut BytesMut, max: usize) -> io::Resu
     let n = n as usize;
     // SAFETY: `recv` initialised the first `n` (<= len) bytes of the spare capacity.
     unsafe { buf.set_len(buf.len() + n) };
+    metrics.bytes_received.add(n as u64);
     Ok(n)
 }
 
-/// Writes one frame (prefix + RPC header, then the payload) with vectored writes.
-fn write_frame<S: Write>(socket: &mut S, header: RpcHeader, payload: &[u8]) -> io::Result<()> {
+/// Writes one frame (prefix + RPC header, then the payload) with vectored writes, counted in
+/// `metrics`.
+fn write_frame<S: Write>(
+    socket: &mut S,
+    header: RpcHeader,
+    payload: &[u8],
+    metrics: &Metrics,
+) -> io::Result<()> {
     let mut head = [0u8; PREFIX_LEN + RPC_HEADER_LEN];
     head[..PREFIX_LEN].copy_from_slice(&encode_prefix(RPC_HEADER_LEN, payload.len()));
     head[PREFIX_LEN..].copy_from_slice(&header.encode());
@@ -332,13 +351,18 @@ fn write_frame<S: Write>(socket: &mut S, header: RpcHeader, payload: &[u8]) -> i
         &mut parts[..]
     };
     while !slices.is_empty() {
+        metrics.syscalls.incr();
         match socket.write_vectored(slices) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Ok(n) => {
+                metrics.bytes_sent.add(n as u64);
+                IoSlice::advance_slices(&mut slices, n)
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
+    metrics.messages_sent.incr();
     Ok(())
 }
 
@@ -355,6 +379,7 @@ fn timed_out(e: &io::Error) -> bool {
 /// [`RpcClient`](super::RpcClient): after a connection error every later call fails with it.
 pub struct BlockingClient<S: BlockingSocket> {
     socket: S,
+    metrics: Arc<Metrics>,
     reader: FrameReader,
     next_id: u64,
     config: BlockingConfig,
@@ -377,9 +402,11 @@ impl<S: BlockingSocket> BlockingClient<S> {
     /// A client on a connected socket (put in blocking mode; TCP without Nagle delay).
     pub fn new(socket: S, config: BlockingConfig) -> io::Result<BlockingClient<S>> {
         socket.prepare()?;
+        let metrics = Arc::new(Metrics::default());
         Ok(BlockingClient {
             socket,
-            reader: FrameReader::new(&config),
+            reader: FrameReader::new(&config, metrics.clone()),
+            metrics,
             next_id: 1,
             config,
             failed: None,
@@ -483,6 +510,11 @@ impl<S: BlockingSocket> BlockingClient<S> {
         &self.socket
     }
 
+    /// The connection's counters: messages, bytes and system calls (reads and writes).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     fn usable(&self, payload_len: usize) -> Result<(), RpcError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
@@ -508,7 +540,7 @@ impl<S: BlockingSocket> BlockingClient<S> {
                 .set_write_timeout(timeout.map(|t| t.max(Duration::from_micros(1))))?;
             self.write_timeout_set = Some(timeout);
         }
-        write_frame(&mut self.socket, header, payload)
+        write_frame(&mut self.socket, header, payload, &self.metrics)
     }
 
     /// Tells the server to drop call `id`, if the socket has room soon; a cancel that cannot
@@ -709,7 +741,8 @@ impl<H: Handler> BlockingServer<H> {
             return Ok(());
         }
         let inner = &*self.inner;
-        let mut reader = FrameReader::new(&inner.config);
+        let metrics = Arc::new(Metrics::default());
+        let mut reader = FrameReader::new(&inner.config, metrics.clone());
         let pool: Arc<dyn crate::BufferPool> = Arc::new(HeapPool);
         loop {
             let until = inner.server.idle_timeout.map(|t| Instant::now() + t);
@@ -726,7 +759,8 @@ impl<H: Handler> BlockingServer<H> {
                                 &mut socket,
                                 h.request_id,
                                 Err(status),
-                                inner.config.max_message_size,
+                                &inner.config,
+                                &metrics,
                             )?;
                         }
                         _ => tracing::warn!(len, max, "oversized oneway message dropped"),
@@ -760,12 +794,7 @@ impl<H: Handler> BlockingServer<H> {
                         }),
                     };
                     if !oneway {
-                        answer(
-                            &mut socket,
-                            h.request_id,
-                            result,
-                            inner.config.max_message_size,
-                        )?;
+                        answer(&mut socket, h.request_id, result, &inner.config, &metrics)?;
                     }
                 }
                 // Calls run one at a time: a cancel arrives after its call was answered.
@@ -791,8 +820,10 @@ fn answer<S: BlockingSocket>(
     socket: &mut S,
     id: u64,
     result: Result<Bytes, Status>,
-    max: usize,
+    config: &BlockingConfig,
+    metrics: &Metrics,
 ) -> Result<(), RpcError> {
+    let max = config.max_message_size;
     let result = match result {
         Ok(p) if (RPC_HEADER_LEN + p.len()) as u64 > max as u64 => Err(Status::new(
             code::MESSAGE_TOO_LARGE,
@@ -807,8 +838,13 @@ fn answer<S: BlockingSocket>(
         Ok(p) => (Kind::Response, p),
         Err(status) => (Kind::Error, status.encode()),
     };
-    write_frame(socket, RpcHeader::new(kind, 0, id, payload.len()), &payload)
-        .map_err(|e| RpcError::ConnectionLost(Arc::new(TransportError::Io(e))))
+    write_frame(
+        socket,
+        RpcHeader::new(kind, 0, id, payload.len()),
+        &payload,
+        metrics,
+    )
+    .map_err(|e| RpcError::ConnectionLost(Arc::new(TransportError::Io(e))))
 }
 
 /// Removes entry `.1` from the map when dropped.

@@ -97,8 +97,15 @@ fn calls_are_answered_over_unix_and_tcp_listeners() {
             assert_eq!(u.call(ECHO, &payload).unwrap(), payload, "uds {size}");
             assert_eq!(t.call(ECHO, &payload).unwrap(), payload, "tcp {size}");
         }
+        let before = u.metrics().snapshot();
         u.oneway(ECHO, b"dropped").unwrap();
         assert_eq!(u.call(ECHO, b"after").unwrap(), &b"after"[..]);
+        let used = u.metrics().snapshot() - before;
+        assert_eq!((used.messages_sent, used.messages_received), (2, 1));
+        assert_eq!(
+            used.syscalls, 3,
+            "a write per message, one read for the answer"
+        );
         match u.call(FAIL, b"") {
             Err(RpcError::Remote(st)) => assert_eq!(st.code, code::APPLICATION + 1),
             other => panic!("{other:?}"),
@@ -288,7 +295,7 @@ fn an_announced_length_alone_allocates_nothing_big() {
     a.write_all(&[0u8; 100]).unwrap();
     drop(a);
     let config = BlockingConfig::default().with_max_message_size(usize::MAX / 2);
-    let mut r = FrameReader::new(&config);
+    let mut r = FrameReader::new(&config, Arc::new(Metrics::default()));
     match r.next(&mut b, None) {
         Err(TransportError::Truncated { received, .. }) => assert_eq!(received, 108),
         other => panic!("{other:?}"),

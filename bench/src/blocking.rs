@@ -1,0 +1,95 @@
+//! `--rpc-io blocking`: the RPC rows measured with `transport_core::rpc::blocking` (a client
+//! blocking in `recv`, a thread per connection on the server) instead of the async client
+//! and server, in local mode on uds and tcp.
+
+use crate::os::Target;
+use crate::proto;
+use crate::sys;
+use std::net::TcpListener;
+use std::os::unix::net::UnixListener;
+use std::thread::JoinHandle;
+use transport_core::rpc::blocking::{BlockingConfig, BlockingServer};
+use transport_core::rpc::ServerConfig;
+
+/// The in-process blocking RPC server: serves until dropped.
+pub struct Server {
+    target: Target,
+    stop: Box<dyn Fn() + Send>,
+    accept: Option<JoinHandle<std::io::Result<()>>>,
+    /// The runtime behind the handlers' `block_on` (the bench's handlers answer at once).
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl Server {
+    /// Listens at `bind` (a TCP port 0 gets a free port) on a thread pinned to `core`; the
+    /// connection threads it starts inherit the pinning.
+    pub fn start(bind: Target, core: Option<usize>) -> Result<Server, String> {
+        let runtime = sys::runtime().map_err(|e| format!("blocking rpc: runtime: {e}"))?;
+        let server = BlockingServer::new(
+            proto::rpc_handler(proto::payload_pool()),
+            ServerConfig::default(),
+            BlockingConfig::default().with_max_message_size(proto::MAX_PAYLOAD + 64),
+            runtime.handle().clone(),
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        let serving = server.clone();
+        let (target, accept) = match bind {
+            Target::Uds(p) => {
+                let l = UnixListener::bind(&p)
+                    .map_err(|e| format!("blocking rpc: listen on {}: {e}", p.display()))?;
+                (Target::Uds(p), spawn(move || serving.serve(l), core, tx)?)
+            }
+            Target::Tcp(a) => {
+                let l = TcpListener::bind(a)
+                    .map_err(|e| format!("blocking rpc: listen on {a}: {e}"))?;
+                let a = l.local_addr().map_err(|e| format!("blocking rpc: {e}"))?;
+                (Target::Tcp(a), spawn(move || serving.serve(l), core, tx)?)
+            }
+        };
+        rx.recv()
+            .map_err(|_| "blocking rpc: the server thread died".to_string())??;
+        Ok(Server {
+            target,
+            stop: Box::new(move || server.shutdown()),
+            accept: Some(accept),
+            _runtime: runtime,
+        })
+    }
+
+    /// Where clients connect.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+}
+
+fn spawn(
+    serve: impl FnOnce() -> std::io::Result<()> + Send + 'static,
+    core: Option<usize>,
+    ready: std::sync::mpsc::Sender<Result<(), String>>,
+) -> Result<JoinHandle<std::io::Result<()>>, String> {
+    std::thread::Builder::new()
+        .name("rpc-blocking-accept".into())
+        .spawn(move || {
+            if let Some(c) = core {
+                if let Err(e) = sys::pin_current_thread(c) {
+                    let _ = ready.send(Err(e));
+                    return Ok(());
+                }
+            }
+            let _ = ready.send(Ok(()));
+            serve()
+        })
+        .map_err(|e| format!("blocking rpc: server thread: {e}"))
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        (self.stop)();
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+        if let Target::Uds(p) = &self.target {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
