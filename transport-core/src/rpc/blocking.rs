@@ -55,6 +55,7 @@ use crate::stream::{DEFAULT_FRAME_TIMEOUT, DEFAULT_MAX_MESSAGE_SIZE};
 use crate::{HeapPool, Message, Metrics, TransportError};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
+use std::future::Future;
 use std::io::{self, IoSlice, Write};
 use std::net::Shutdown;
 use std::os::fd::AsRawFd;
@@ -252,17 +253,18 @@ impl FrameReader {
                 Err(e) => return Err(e),
             }
             let started = !self.decoder.is_idle(&self.buf);
-            let now = Instant::now();
-            let stall_at = started.then(|| now + self.frame_timeout);
+            // No limit (between frames, no deadline): no clock read.
+            let now = (started || until.is_some()).then(Instant::now);
+            let stall_at = now.filter(|_| started).map(|n| n + self.frame_timeout);
             let limit = match (stall_at, until) {
                 (Some(s), Some(u)) => Some(s.min(u)),
                 (s, u) => s.or(u),
             };
-            let timeout = match limit {
-                None => None,
-                Some(l) if l <= now => return Ok(Got::TimedOut),
+            let timeout = match (limit, now) {
+                (Some(l), Some(now)) if l <= now => return Ok(Got::TimedOut),
                 // SO_RCVTIMEO rounds to microseconds; zero would mean "forever".
-                Some(l) => Some((l - now).max(Duration::from_micros(1))),
+                (Some(l), Some(now)) => Some((l - now).max(Duration::from_micros(1))),
+                _ => None,
             };
             if self.timeout_set != Some(timeout) {
                 socket.set_read_timeout(timeout)?;
@@ -781,18 +783,7 @@ impl<H: Handler> BlockingServer<H> {
                         oneway,
                         pool: pool.clone(),
                     };
-                    let work = inner.handler.call(req);
-                    let result = match inner.server.handler_timeout {
-                        None => inner.runtime.block_on(work),
-                        Some(t) => inner.runtime.block_on(async move {
-                            tokio::time::timeout(t, work).await.unwrap_or_else(|_| {
-                                Err(Status::new(
-                                    code::DEADLINE_EXCEEDED,
-                                    format!("handler exceeded the server's limit of {t:?}"),
-                                ))
-                            })
-                        }),
-                    };
+                    let result = run_handler(inner, req);
                     if !oneway {
                         answer(&mut socket, h.request_id, result, &inner.config, &metrics)?;
                     }
@@ -811,6 +802,32 @@ impl<H: Handler> BlockingServer<H> {
                 return Ok(());
             }
         }
+    }
+}
+
+/// Runs the handler for `req` to completion on this thread. Most handlers answer at their
+/// first poll: that poll runs inside the runtime's context but without `block_on` (which
+/// costs a park handle and a seed per call); a handler that waits is finished by `block_on`.
+fn run_handler<H: Handler>(inner: &Inner<H>, req: Request) -> Result<Bytes, Status> {
+    let _context = inner.runtime.enter();
+    let work = inner.handler.call(req);
+    match inner.server.handler_timeout {
+        None => {
+            let mut work = std::pin::pin!(work);
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            match work.as_mut().poll(&mut cx) {
+                std::task::Poll::Ready(r) => r,
+                std::task::Poll::Pending => inner.runtime.block_on(work),
+            }
+        }
+        Some(t) => inner.runtime.block_on(async move {
+            tokio::time::timeout(t, work).await.unwrap_or_else(|_| {
+                Err(Status::new(
+                    code::DEADLINE_EXCEEDED,
+                    format!("handler exceeded the server's limit of {t:?}"),
+                ))
+            })
+        }),
     }
 }
 

@@ -1,7 +1,9 @@
 //! The RPC layer: a fixed header ([`header`]), a client that pipelines many calls on one
 //! connection ([`RpcClient`]) and a server that runs a [`Handler`] for each ([`RpcServer`]).
 //!
-//! Serialization is the caller's: payloads are bytes.
+//! Serialization is the caller's: payloads are bytes. [`blocking`] has a synchronous client
+//! and a thread-per-connection server for the same wire format (the lowest latency when
+//! client and server share a CPU).
 //!
 //! | kind | sent by | payload | answered by |
 //! |---|---|---|---|
