@@ -168,32 +168,37 @@ impl UnixWriteHalf {
             Err(failed) => return Poll::Ready(Err(failed.error())),
         };
         loop {
-            match write(socket) {
-                Ok(n) => {
-                    if self.writable.is_some() {
+            if let Some(registration) = &self.writable {
+                // Registered: write only when the runtime says there is room (no EAGAIN
+                // write per wake-up while a bulk stream keeps the socket full).
+                let mut guard = ready!(registration.poll_write_ready(cx))?;
+                match write(socket) {
+                    Ok(n) => {
+                        drop(guard);
                         self.clean_writes += 1;
                         if self.clean_writes >= CLEAN_WRITES_TO_DEREGISTER {
                             self.writable = None;
                         }
+                        return Poll::Ready(Ok(n));
                     }
-                    return Poll::Ready(Ok(n));
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        guard.clear_ready();
+                        self.clean_writes = 0;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Poll::Ready(Err(e)),
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Poll::Ready(Err(e)),
+                continue;
             }
-            self.clean_writes = 0;
-            if self.writable.is_none() {
-                // Registering reports the current state, so space freed since the failed
-                // write is not missed.
-                let dup = socket.try_clone()?;
-                self.writable = Some(register(dup, Interest::WRITABLE)?);
-            }
-            let registration = self.writable.as_ref().expect("registered above");
-            let mut guard = ready!(registration.poll_write_ready(cx))?;
             match write(socket) {
                 Ok(n) => return Poll::Ready(Ok(n)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Registering reports the current state, so space freed since the failed
+                    // write is not missed.
+                    let dup = socket.try_clone()?;
+                    self.writable = Some(register(dup, Interest::WRITABLE)?);
+                    self.clean_writes = 0;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Poll::Ready(Err(e)),
             }
