@@ -28,7 +28,9 @@ impl Server {
         let server = BlockingServer::new(
             proto::rpc_handler(proto::payload_pool()),
             ServerConfig::default(),
-            BlockingConfig::default().with_max_message_size(proto::MAX_PAYLOAD + 64),
+            BlockingConfig::default()
+                .with_max_message_size(proto::MAX_PAYLOAD + 64)
+                .with_spin(sys::spin()),
             runtime.handle().clone(),
         );
         let (tx, rx) = std::sync::mpsc::channel();

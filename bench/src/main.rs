@@ -233,8 +233,9 @@ struct RunArgs {
     #[arg(long, value_enum, default_value_t = Pin::Same)]
     pin: Pin,
     /// Before a runtime thread sleeps, poll its waiting sockets for up to this many µs
-    /// (`transport_core::spin`; 0: never). Helps when client and server run on different CPUs;
-    /// ignored where the process may use one CPU only.
+    /// (`transport_core::spin`; 0: never); with `--rpc-io blocking`, also the blocking client
+    /// and server before they block in recv (`BlockingConfig::spin`). Helps when client and
+    /// server run on different CPUs; ignored where the process may use one CPU only.
     #[arg(long, default_value_t = 0)]
     spin_us: u64,
     /// Verbs adaptive polling: poll the completion queue for this many µs after activity

@@ -468,7 +468,9 @@ fn blocking_client_thread(
         barrier,
         passed: false,
     };
-    let config = BlockingConfig::default().with_max_message_size(proto::MAX_PAYLOAD + 64);
+    let config = BlockingConfig::default()
+        .with_max_message_size(proto::MAX_PAYLOAD + 64)
+        .with_spin(sys::spin());
     match target {
         crate::os::Target::Uds(p) => {
             let s = std::os::unix::net::UnixStream::connect(p)?;

@@ -247,8 +247,9 @@ pub fn spin_before_park(budget: Duration) -> Spun {
     })
 }
 
-/// Calls `ready` until it says yes or `budget` passes; counts the failures for backing off.
-fn spin(budget: Duration, mut ready: impl FnMut() -> bool) -> Spun {
+/// Calls `ready` until it says yes or `budget` passes, yielding the CPU between calls; counts
+/// the failures for backing off (the blocking RPC spins with it too).
+pub(crate) fn spin(budget: Duration, mut ready: impl FnMut() -> bool) -> Spun {
     let start = Instant::now();
     loop {
         if ready() {

@@ -401,3 +401,49 @@ fn an_idle_connection_is_closed_after_the_idle_timeout() {
     assert!(t.elapsed() >= Duration::from_millis(100));
     drop(a);
 }
+
+/// With a spin budget the client polls for the answer before blocking (more than one read
+/// per call, the extra ones finding nothing), except where the process may use one CPU only.
+#[test]
+fn a_spinning_client_polls_before_it_blocks() {
+    let spinning = crate::spin::available_cpus() > 1;
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let config = BlockingConfig::default().with_spin(Duration::from_secs(5));
+    let c = BlockingClient::new(a, config).unwrap();
+    let metrics = c.metrics().clone();
+    let peer = std::thread::spawn(move || {
+        let mut req = [0u8; PREFIX_LEN + RPC_HEADER_LEN];
+        b.read_exact(&mut req).unwrap();
+        let id = RpcHeader::decode(&req[PREFIX_LEN..]).unwrap().request_id;
+        // Answer once the client has polled twice (its write and two reads), or after a
+        // bound (it blocked instead).
+        let t = Instant::now();
+        let bound = if spinning {
+            BOUND
+        } else {
+            Duration::from_millis(100)
+        };
+        while metrics.syscalls.get() < 3 && t.elapsed() < bound {
+            std::thread::yield_now();
+        }
+        let m = Metrics::default();
+        write_frame(&mut b, RpcHeader::new(Kind::Response, 0, id, 2), b"ok", &m).unwrap();
+        b
+    });
+    let (reply, c) = bounded(move || {
+        let mut c = c;
+        (c.call(ECHO, b"").unwrap(), c)
+    });
+    assert_eq!(reply, &b"ok"[..]);
+    let used = c.metrics().snapshot();
+    let reads = used.syscalls - used.messages_sent;
+    if spinning {
+        assert!(
+            reads > 1,
+            "{reads} reads: the client blocked without polling"
+        );
+    } else {
+        assert_eq!(reads, 1, "one CPU: no spinning");
+    }
+    let _b = peer.join().unwrap();
+}
