@@ -97,6 +97,24 @@ pub struct MemoryUse {
     pub shared_receive_bytes: usize,
 }
 
+/// Fewest buffers a shared receive queue is made smaller to (the least `srq_depth` allowed).
+pub(crate) const MIN_SRQ_DEPTH: usize = 4;
+
+/// The shared receive queue depth to use: `depth` buffers of `size` bytes, or fewer when a
+/// locked-memory `budget` (see [`crate::ffi::memlock_budget`]) would not hold them in its
+/// half (the other half is left for send buffers and rendezvous registrations), but never
+/// fewer than [`MIN_SRQ_DEPTH`] (if even those do not fit, registering them fails with the
+/// typed error that names the limit).
+pub(crate) fn srq_depth_within(depth: usize, size: usize, budget: Option<u64>) -> usize {
+    match budget {
+        Some(limit) => {
+            let fits = (limit / 2) / size.max(1) as u64;
+            depth.min(usize::try_from(fits).unwrap_or(usize::MAX).max(MIN_SRQ_DEPTH))
+        }
+        None => depth,
+    }
+}
+
 impl Domains {
     /// The domain of `ctx`'s device, made on first use (`device` names it in errors).
     pub(crate) fn for_context(
@@ -122,9 +140,20 @@ impl Domains {
         let srq = if cfg.srq_depth > 0 {
             let pool = pool.for_connection(Arc::default());
             let size = cfg.recv_buf_size();
+            let depth = srq_depth_within(cfg.srq_depth, size, crate::ffi::memlock_budget());
+            if depth < cfg.srq_depth {
+                tracing::warn!(
+                    device,
+                    configured = cfg.srq_depth,
+                    depth,
+                    memlock_limit = crate::ffi::memlock_limit(),
+                    "shared receive queue made smaller to fit in half of RLIMIT_MEMLOCK; \
+                     raise the limit (ulimit -l) for the configured depth"
+                );
+            }
             let fresh: crate::ffi::FreshBuf<PoolBuf> =
                 Box::new(move || pool.get_recv(size).map_err(std::io::Error::other));
-            Some(Srq::new(&pd, cfg.srq_depth, size, fresh)?)
+            Some(Srq::new(&pd, depth, size, fresh)?)
         } else {
             None
         };
@@ -152,5 +181,24 @@ impl Domains {
             m.shared_receive_bytes += d.srq.as_ref().map_or(0, |s| s.posted_bytes());
         }
         m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shared_queue_fits_in_half_of_the_locked_memory_limit() {
+        let size = 64 << 10;
+        // Unlimited (or CAP_IPC_LOCK): as configured.
+        assert_eq!(srq_depth_within(128, size, None), 128);
+        // 8 MiB, a common default: 4 MiB for the queue, 64 buffers.
+        assert_eq!(srq_depth_within(128, size, Some(8 << 20)), 64);
+        // Room for more than configured: as configured.
+        assert_eq!(srq_depth_within(128, size, Some(1 << 30)), 128);
+        // A tiny limit: the least depth allowed (its registration then fails, typed).
+        assert_eq!(srq_depth_within(128, size, Some(64 << 10)), MIN_SRQ_DEPTH);
+        assert_eq!(srq_depth_within(128, 0, Some(8 << 20)), 128);
     }
 }

@@ -269,38 +269,57 @@ pub fn set_memlock_soft_limit(bytes: Option<u64>) -> io::Result<()> {
     Ok(())
 }
 
+/// The capability sets of the calling thread (`capget`, version 3).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+const CAP_IPC_LOCK: u32 = 14;
+
+fn capget() -> io::Result<(CapHeader, [CapData; 2])> {
+    let mut h = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut d = [CapData::default(); 2];
+    // SAFETY: capget reads the header and writes two `CapData` entries (version 3), both
+    // valid and exclusively borrowed.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut h as *mut CapHeader, d.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((h, d))
+}
+
+/// The locked memory this thread may register: the soft `RLIMIT_MEMLOCK` in bytes, `None`
+/// when unlimited or when the thread has `CAP_IPC_LOCK` (which lifts the limit).
+pub(crate) fn memlock_budget() -> Option<u64> {
+    let limit = memlock_limit()?;
+    match capget() {
+        Ok((_, d)) if d[0].effective & (1 << CAP_IPC_LOCK) != 0 => None,
+        _ => Some(limit),
+    }
+}
+
 /// Drops `CAP_IPC_LOCK` from the calling thread's effective and permitted capabilities, so that
 /// `RLIMIT_MEMLOCK` applies even to root (tests use it; threads created afterwards inherit it).
 #[cfg(feature = "test-hooks")]
 pub fn drop_ipc_lock_capability() -> io::Result<()> {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Default, Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-    const CAP_IPC_LOCK: u32 = 14;
-    let mut h = Header {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let mut d = [Data::default(); 2];
-    // SAFETY: capget reads the header and writes two `Data` entries (version 3), both valid
-    // and exclusively borrowed.
-    if unsafe { libc::syscall(libc::SYS_capget, &mut h as *mut Header, d.as_mut_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let (mut h, mut d) = capget()?;
     d[0].effective &= !(1 << CAP_IPC_LOCK);
     d[0].permitted &= !(1 << CAP_IPC_LOCK);
-    // SAFETY: capset reads the header and two `Data` entries, all valid.
-    if unsafe { libc::syscall(libc::SYS_capset, &mut h as *mut Header, d.as_ptr()) } != 0 {
+    // SAFETY: capset reads the header and two `CapData` entries, all valid.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut h as *mut CapHeader, d.as_ptr()) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())

@@ -1,5 +1,7 @@
 //! A registration that fails for lack of locked memory (RLIMIT_MEMLOCK) is a typed error whose
 //! message names the limit, returned by the call that needed it; the connection stays usable.
+//! Under the common default limit (8 MiB) the default settings still connect: the device's
+//! shared receive queue is made to fit in half of the limit.
 
 mod common;
 
@@ -9,21 +11,57 @@ use transport_core::{
 };
 use transport_verbs::{VerbsConfig, VerbsError, VerbsTransport};
 
+/// One test: the device is opened once per process, and the kernel refuses its use from
+/// threads whose credentials changed after that (as dropping a capability does).
 #[test]
-fn registration_beyond_memlock_is_a_typed_error_naming_memlock() {
+fn the_defaults_fit_under_8_mib_and_a_registration_beyond_16_mib_is_a_typed_error() {
     let Some(addr) = common::listen_addr_or_skip("memlock") else {
         return;
     };
     // Root bypasses RLIMIT_MEMLOCK through CAP_IPC_LOCK: drop it first (before the runtime's
-    // threads exist, so they inherit it), then allow 16 MiB of locked memory.
+    // threads exist, so they inherit it).
     transport_verbs::drop_ipc_lock_capability().expect("drop CAP_IPC_LOCK");
+    // 8 MiB, a common default: the default settings connect and carry messages.
+    transport_verbs::set_memlock_soft_limit(Some(8 << 20)).expect("setrlimit");
+    common::run(async {
+        let verbs = VerbsTransport::new(VerbsConfig::default()).expect("transport");
+        let mut listener = verbs.listen(&addr).await.expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let conn = verbs
+            .connect(&addr)
+            .await
+            .expect("connect with the default settings under 8 MiB");
+        let server = listener.accept().await.expect("accept");
+        let (mut tx, _rx) = conn.split();
+        let (_stx, mut srx) = server.split();
+        for i in 0..200u32 {
+            let payload = Bytes::from(vec![i as u8; 1000 + (i as usize % 7) * 9000]);
+            tx.send(Message::new(HeaderBytes::from([1u8]), payload.clone()))
+                .await
+                .expect("send");
+            let m = srx.recv().await.expect("recv").expect("open");
+            assert_eq!(m.payload, payload, "message {i}");
+        }
+        let used = verbs.memory_use();
+        println!(
+            "memlock 8 MiB: shared receive queue {} bytes, {} registered in all",
+            used.shared_receive_bytes, used.registered_bytes
+        );
+        assert!(used.shared_receive_bytes > 0, "{used:?}");
+        assert!(
+            used.shared_receive_bytes <= 4 << 20,
+            "the queue fits in half of the limit: {used:?}"
+        );
+    });
+
+    // Then 16 MiB: a registration beyond it is a typed error.
     transport_verbs::set_memlock_soft_limit(Some(16 << 20)).expect("setrlimit");
     common::run(async move {
         let verbs = VerbsTransport::new(VerbsConfig::default()).expect("transport");
         let mut listener = verbs.listen(&addr).await.expect("listen");
         let addr = listener.local_addr().expect("addr");
-        // The device's shared receive queue (128 buffers of 64 KiB, ~8 MiB) and two
-        // endpoints' send slots fit in the limit.
+        // The device's shared receive queue (fitted into half of the limit) and two
+        // endpoints' send slots fit in it.
         let conn = verbs
             .connect(&addr)
             .await
