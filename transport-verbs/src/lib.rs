@@ -232,9 +232,12 @@
 //! Registered memory is locked memory: with the defaults the first connection on a device
 //! registers the shared receive queue (128 × 64 KiB + headers, 8.4 MB) and each connection
 //! 16 KiB of send slots, plus the pool's send and rendezvous buffers as traffic needs them.
-//! Under a small `RLIMIT_MEMLOCK` (8 MiB is a common default) the registration fails with
-//! [`VerbsError::Registration`], which names the limit: raise it (`ulimit -l`), or lower
-//! `srq_depth` or `eager_limit`.
+//! Under a finite `RLIMIT_MEMLOCK` (8 MiB is a common default; `CAP_IPC_LOCK` lifts it) the
+//! shared receive queue is made smaller to fit in half of the limit (at least 4 buffers; a
+//! warning names both depths, and [`MemoryUse::shared_receive_bytes`] shows the result), so
+//! the defaults connect. A registration that still does not fit fails with
+//! [`VerbsError::Registration`], which names the limit: raise it (`ulimit -l unlimited`), or
+//! lower `srq_depth` or `eager_limit`.
 //!
 //! Without RDMA, `cargo xtask testbed verbs` runs the same tests in a QEMU guest with `rdma_rxe`
 //! (see `docs/testbed.md`).
