@@ -109,7 +109,11 @@ pub(crate) fn srq_depth_within(depth: usize, size: usize, budget: Option<u64>) -
     match budget {
         Some(limit) => {
             let fits = (limit / 2) / size.max(1) as u64;
-            depth.min(usize::try_from(fits).unwrap_or(usize::MAX).max(MIN_SRQ_DEPTH))
+            depth.min(
+                usize::try_from(fits)
+                    .unwrap_or(usize::MAX)
+                    .max(MIN_SRQ_DEPTH),
+            )
         }
         None => depth,
     }

@@ -786,10 +786,7 @@ impl<H: Handler> BlockingServer<H> {
                 Got::TooLarge { len, max, header } => {
                     match RpcHeader::decode(header.as_slice())? {
                         h if h.kind == Kind::Request => {
-                            let status = Status::new(
-                                code::MESSAGE_TOO_LARGE,
-                                format!("request of {len} bytes exceeds the server limit of {max} bytes"),
-                            );
+                            let status = Status::request_too_large(len, max);
                             answer(
                                 &mut socket,
                                 h.request_id,
@@ -854,12 +851,9 @@ fn run_handler<H: Handler>(inner: &Inner<H>, req: Request) -> Result<Bytes, Stat
             }
         }
         Some(t) => inner.runtime.block_on(async move {
-            tokio::time::timeout(t, work).await.unwrap_or_else(|_| {
-                Err(Status::new(
-                    code::DEADLINE_EXCEEDED,
-                    format!("handler exceeded the server's limit of {t:?}"),
-                ))
-            })
+            tokio::time::timeout(t, work)
+                .await
+                .unwrap_or_else(|_| Err(Status::handler_timed_out(t)))
         }),
     }
 }

@@ -55,6 +55,22 @@ impl Status {
         Status::new(code::UNKNOWN_METHOD, format!("unknown method {method}"))
     }
 
+    /// The answer to a request over the server's message limit (both servers send it).
+    pub(crate) fn request_too_large(len: u64, max: u64) -> Status {
+        Status::new(
+            code::MESSAGE_TOO_LARGE,
+            format!("request of {len} bytes exceeds the server limit of {max} bytes"),
+        )
+    }
+
+    /// The answer to a call whose handler ran past `ServerConfig::handler_timeout`.
+    pub(crate) fn handler_timed_out(limit: Duration) -> Status {
+        Status::new(
+            code::DEADLINE_EXCEEDED,
+            format!("handler exceeded the server's limit of {limit:?}"),
+        )
+    }
+
     /// The payload form: code (u32 LE) then the UTF-8 message.
     pub fn encode(&self) -> Bytes {
         let mut msg = self.message.as_str();

@@ -374,10 +374,7 @@ impl<H: Handler> RpcServer<H> {
                         Err(TransportError::MessageTooLarge { len, max, header }) => {
                             match RpcHeader::decode(header.as_slice()) {
                                 Ok(h) if h.kind == Kind::Request => {
-                                    let status = Status::new(
-                                        code::MESSAGE_TOO_LARGE,
-                                        format!("request of {len} bytes exceeds the server limit of {max} bytes"),
-                                    );
+                                    let status = Status::request_too_large(len, max);
                                     replies.push(Kind::Error, h.request_id, status.encode());
                                 }
                                 Ok(_) => tracing::warn!(len, max, "oversized oneway message dropped"),
@@ -422,7 +419,7 @@ impl<H: Handler> RpcServer<H> {
                                 match timeout {
                                     None => work.await,
                                     Some(t) => tokio::time::timeout(t, work).await.unwrap_or_else(|_| {
-                                        Err(Status::new(code::DEADLINE_EXCEEDED, format!("handler exceeded the server's limit of {t:?}")))
+                                        Err(Status::handler_timed_out(t))
                                     }),
                                 }
                             });

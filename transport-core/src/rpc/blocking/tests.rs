@@ -447,3 +447,24 @@ fn a_spinning_client_polls_before_it_blocks() {
     }
     let _b = peer.join().unwrap();
 }
+
+/// A handler past `ServerConfig::handler_timeout` is answered with `DEADLINE_EXCEEDED`, and
+/// the connection serves the next call.
+#[test]
+fn a_handler_past_the_servers_time_limit_is_answered_with_an_error() {
+    let rt = runtime();
+    let sc = ServerConfig {
+        handler_timeout: Some(Duration::from_millis(50)),
+        ..ServerConfig::default()
+    };
+    let s = server(&rt, sc, BlockingConfig::default());
+    let (a, _done) = served(&s);
+    bounded(move || {
+        let mut c = BlockingClient::new(a, BlockingConfig::default()).unwrap();
+        match c.call(SLOW, b"") {
+            Err(RpcError::Remote(st)) => assert_eq!(st.code, code::DEADLINE_EXCEEDED, "{st}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(c.call(ECHO, b"next").unwrap(), &b"next"[..]);
+    });
+}
