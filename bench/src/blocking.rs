@@ -2,7 +2,7 @@
 //! blocking in `recv`, a thread per connection on the server) instead of the async client
 //! and server, in local mode on uds and tcp.
 
-use crate::os::Target;
+use crate::measure::SocketTarget as Target;
 use crate::proto;
 use crate::sys;
 use std::net::TcpListener;

@@ -44,6 +44,16 @@ impl Op {
     }
 }
 
+/// Where a server of plain `std` sockets listens (or should listen): the OS baseline's
+/// (`os::Target`) and the blocking RPC server's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SocketTarget {
+    /// A Unix-domain stream socket at this path.
+    Uds(std::path::PathBuf),
+    /// A TCP address (`TCP_NODELAY` on both ends).
+    Tcp(std::net::SocketAddr),
+}
+
 /// How the RPC rows are measured.
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
@@ -68,7 +78,7 @@ pub struct Peer<'a, T: Transport> {
     /// over a measurement is the server's side of it. `None` when it runs elsewhere.
     pub counters: Option<&'a ServerCounters>,
     /// With `--rpc-io blocking`: the blocking RPC server the RPC rows go to instead.
-    pub blocking: Option<&'a crate::os::Target>,
+    pub blocking: Option<&'a SocketTarget>,
 }
 
 /// Raw backend connection or RPC over it.
@@ -459,7 +469,7 @@ async fn raw_op<S: MessageSender, R: MessageReceiver>(
 /// Runs `count` RPC calls with up to `job.window` in flight.
 /// A client thread of `--rpc-io blocking`: no runtime, one call at a time.
 fn blocking_client_thread(
-    target: &crate::os::Target,
+    target: &SocketTarget,
     job: Job,
     count: u64,
     barrier: &Barrier,
@@ -472,11 +482,11 @@ fn blocking_client_thread(
         .with_max_message_size(proto::MAX_PAYLOAD + 64)
         .with_spin(sys::spin());
     match target {
-        crate::os::Target::Uds(p) => {
+        SocketTarget::Uds(p) => {
             let s = std::os::unix::net::UnixStream::connect(p)?;
             blocking_run(BlockingClient::new(s, config)?, job, count, &mut barrier)
         }
-        crate::os::Target::Tcp(a) => {
+        SocketTarget::Tcp(a) => {
             let s = std::net::TcpStream::connect(a)?;
             blocking_run(BlockingClient::new(s, config)?, job, count, &mut barrier)
         }

@@ -24,9 +24,8 @@ use crate::measure::{self, Outcome};
 use crate::sys;
 use hdrhistogram::Histogram;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -48,13 +47,7 @@ const MODE_PING: u8 = b'p';
 const MODE_SINK: u8 = b's';
 
 /// Where an OS baseline server listens (or should listen).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
-    /// A Unix-domain stream socket at this path.
-    Uds(PathBuf),
-    /// A TCP address (`TCP_NODELAY` on both ends).
-    Tcp(SocketAddr),
-}
+pub use crate::measure::SocketTarget as Target;
 
 impl Target {
     /// What the baseline is, for the report.
