@@ -29,54 +29,42 @@ pub const CLEAN_WRITES_TO_DEREGISTER: u32 = 32;
 
 /// Splits a tokio `UnixStream` into halves registered for what each needs (module docs).
 ///
-/// Moving the socket to a registration of its own fails only when the runtime is shutting
-/// down (or outside a runtime); the halves then fail every read and write with that error.
+/// Needs no runtime context: each half registers with the runtime that first polls it. If the
+/// socket cannot be taken from tokio (its runtime is gone), the halves fail every read and
+/// write with that error.
 pub(crate) fn split(stream: tokio::net::UnixStream) -> (UnixReadHalf, UnixWriteHalf) {
-    let registered = tokio::runtime::Handle::try_current()
-        .map_err(|e| io::Error::other(e.to_string()))
-        .and_then(|_| stream.into_std())
-        .and_then(|socket| {
-            // tokio's `into_std` deregistered the socket and left it non-blocking.
-            let socket = Arc::new(socket);
-            let read = register(socket.clone(), Interest::READABLE)?;
-            Ok((read, socket))
-        });
-    match registered {
-        Ok((read, socket)) => (
-            UnixReadHalf { io: Ok(read) },
-            UnixWriteHalf {
-                socket: Ok(socket),
-                writable: None,
-                clean_writes: 0,
-                shut: false,
-            },
-        ),
-        Err(e) => {
-            let failed = Failed(e.kind(), e.to_string());
-            (
-                UnixReadHalf {
-                    io: Err(failed.clone()),
-                },
-                UnixWriteHalf {
-                    socket: Err(failed),
-                    writable: None,
-                    clean_writes: 0,
-                    shut: true,
-                },
-            )
-        }
-    }
+    // tokio's `into_std` deregisters the socket (through its own runtime's handle) and leaves
+    // it non-blocking.
+    let socket = stream
+        .into_std()
+        .map(Arc::new)
+        .map_err(|e| Failed(e.kind(), e.to_string()));
+    (
+        UnixReadHalf {
+            socket: socket.clone(),
+            io: None,
+        },
+        UnixWriteHalf {
+            shut: socket.is_err(),
+            socket,
+            writable: None,
+            clean_writes: 0,
+        },
+    )
 }
 
-/// Registers `socket` with the current runtime for `interest` (there is one: [`split`] checked).
+/// Registers `socket` with the runtime of the calling context for `interest`; an error (not
+/// a panic) outside a runtime.
 fn register<T: AsRawFd>(socket: T, interest: Interest) -> io::Result<AsyncFd<T>> {
+    tokio::runtime::Handle::try_current()
+        .map_err(|e| io::Error::other(format!("unix socket not registered: {e}")))?;
     // SAFETY: `socket` owns its descriptor (an `Arc<UnixStream>` or a `UnixStream`) and the
     // `AsyncFd` owns `socket`, so the descriptor stays open and names the same socket for as
     // long as it is registered; `as_raw_fd` of either type always returns that descriptor.
     unsafe { AsyncFd::register_with_interest(socket, interest) }.map_err(|e| e.into_parts().1)
 }
 
-/// Why a socket could not be registered: every use of its halves reports it.
+/// Why a socket could not be taken from tokio: every use of its halves reports it.
 #[derive(Debug, Clone)]
 struct Failed(io::ErrorKind, String);
 
@@ -86,10 +74,22 @@ impl Failed {
     }
 }
 
-/// The reading half of a Unix stream socket, registered for readability only.
+/// The reading half of a Unix stream socket, registered for readability only (with the
+/// runtime that first polls it).
 #[derive(Debug)]
 pub struct UnixReadHalf {
-    io: Result<AsyncFd<Arc<StdUnixStream>>, Failed>,
+    socket: Result<Arc<StdUnixStream>, Failed>,
+    io: Option<AsyncFd<Arc<StdUnixStream>>>,
+}
+
+impl UnixReadHalf {
+    fn registered(&mut self) -> io::Result<&AsyncFd<Arc<StdUnixStream>>> {
+        if self.io.is_none() {
+            let socket = self.socket.as_ref().map_err(Failed::error)?;
+            self.io = Some(register(socket.clone(), Interest::READABLE)?);
+        }
+        Ok(self.io.as_ref().expect("registered above"))
+    }
 }
 
 impl AsyncRead for UnixReadHalf {
@@ -98,9 +98,9 @@ impl AsyncRead for UnixReadHalf {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let io = match &self.io {
+        let io = match self.get_mut().registered() {
             Ok(io) => io,
-            Err(failed) => return Poll::Ready(Err(failed.error())),
+            Err(e) => return Poll::Ready(Err(e)),
         };
         loop {
             let mut guard = ready!(io.poll_read_ready(cx))?;
@@ -332,22 +332,31 @@ mod tests {
         assert_eq!(n, 0);
     }
 
-    /// Split outside any runtime (nothing to register with): no panic, and the halves report
-    /// why on first use.
+    /// Split outside any runtime (as tokio's halves allow): the halves register with the
+    /// runtime that polls them; polled outside one, they fail with an error, not a panic.
     #[test]
-    fn a_split_outside_a_runtime_fails_its_reads_and_writes() {
+    fn halves_split_outside_a_runtime_register_when_first_polled() {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
-        let (a, _b) = rt.block_on(async { tokio::net::UnixStream::pair().unwrap() });
-        let (mut r, mut w) = split(a);
+        let (a, b) = rt.block_on(async { tokio::net::UnixStream::pair().unwrap() });
+        let (mut ar, mut aw) = split(a);
+        let (mut br, mut bw) = split(b);
+        // A write that finds room needs no registration: it goes through anywhere.
+        let wrote = futures_util::FutureExt::now_or_never(aw.write_all(b"x")).expect("ready");
+        assert!(wrote.is_ok(), "{wrote:?}");
+        let mut one = [0u8; 1];
+        let e = futures_util::FutureExt::now_or_never(ar.read(&mut one))
+            .expect("ready")
+            .unwrap_err();
+        assert!(e.to_string().contains("not registered"), "{e}");
         rt.block_on(async {
-            let err = w.write_all(b"x").await.unwrap_err();
-            assert!(err.to_string().contains("not registered"), "{err}");
-            let mut buf = [0u8; 1];
-            let err = r.read(&mut buf).await.unwrap_err();
-            assert!(err.to_string().contains("not registered"), "{err}");
+            br.read_exact(&mut one).await.unwrap();
+            assert_eq!(&one, b"x");
+            bw.write_all(b"y").await.unwrap();
+            ar.read_exact(&mut one).await.unwrap();
+            assert_eq!(&one, b"y");
         });
     }
 }
