@@ -224,6 +224,15 @@ enum Got {
     TimedOut,
 }
 
+/// How long [`FrameReader::next`] may wait.
+#[derive(Debug, Clone, Copy)]
+enum Limit {
+    /// Until then for the whole message (`None`: no limit).
+    Deadline(Option<Instant>),
+    /// Until then for a message to start (`None`: no limit).
+    Idle(Option<Instant>),
+}
+
 /// Reads frames off a blocking socket: [`FrameDecoder`] over a buffer that grows only by
 /// what arrives, with the socket's receive timeout kept in step with the time limits.
 struct FrameReader {
@@ -249,13 +258,20 @@ impl FrameReader {
         }
     }
 
-    /// The next message, waiting until `until` (`None`: forever) for one to start.
+    /// The next message, waiting until `until` (`None`: forever): for the whole message (a
+    /// call's deadline), or with `Limit::Idle` only for one to start (a message arriving is
+    /// not idle; the frame timeout bounds it).
     fn next<S: BlockingSocket>(
         &mut self,
         socket: &mut S,
-        until: Option<Instant>,
+        limit: Limit,
     ) -> Result<Got, TransportError> {
         loop {
+            let until = match limit {
+                Limit::Deadline(u) => u,
+                Limit::Idle(_) if !self.decoder.is_idle(&self.buf) => None,
+                Limit::Idle(u) => u,
+            };
             match self.decoder.decode(&mut self.buf) {
                 Ok(Some(m)) => {
                     self.metrics.messages_received.incr();
@@ -478,7 +494,7 @@ impl<S: BlockingSocket> BlockingClient<S> {
             });
         }
         loop {
-            let got = match self.reader.next(&mut self.socket, until) {
+            let got = match self.reader.next(&mut self.socket, Limit::Deadline(until)) {
                 Ok(got) => got,
                 Err(e) => return Err(self.fail(e.into())),
             };
@@ -781,7 +797,7 @@ impl<H: Handler> BlockingServer<H> {
         let pool: Arc<dyn crate::BufferPool> = Arc::new(HeapPool);
         loop {
             let until = inner.server.idle_timeout.map(|t| Instant::now() + t);
-            let msg = match reader.next(&mut socket, until)? {
+            let msg = match reader.next(&mut socket, Limit::Idle(until))? {
                 Got::Message(m) => m,
                 Got::TooLarge { len, max, header } => {
                     match RpcHeader::decode(header.as_slice())? {

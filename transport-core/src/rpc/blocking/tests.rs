@@ -296,7 +296,7 @@ fn an_announced_length_alone_allocates_nothing_big() {
     drop(a);
     let config = BlockingConfig::default().with_max_message_size(usize::MAX / 2);
     let mut r = FrameReader::new(&config, Arc::new(Metrics::default()));
-    match r.next(&mut b, None) {
+    match r.next(&mut b, Limit::Deadline(None)) {
         Err(TransportError::Truncated { received, .. }) => assert_eq!(received, 108),
         other => panic!("{other:?}"),
     }
@@ -467,4 +467,28 @@ fn a_handler_past_the_servers_time_limit_is_answered_with_an_error() {
         }
         assert_eq!(c.call(ECHO, b"next").unwrap(), &b"next"[..]);
     });
+}
+
+/// A request still arriving is not idle: the idle timeout closes only a connection with
+/// nothing in progress (as on the async server).
+#[test]
+fn a_slow_request_is_not_cut_by_the_idle_timeout() {
+    let rt = runtime();
+    let sc = ServerConfig {
+        idle_timeout: Some(Duration::from_millis(100)),
+        ..ServerConfig::default()
+    };
+    let s = server(&rt, sc, BlockingConfig::default());
+    let (mut a, _done) = served(&s);
+    let mut frame = encode_prefix(RPC_HEADER_LEN, 3).to_vec();
+    frame.extend_from_slice(&RpcHeader::new(Kind::Request, ECHO, 1, 3).encode());
+    frame.extend_from_slice(b"abc");
+    a.write_all(&frame[..10]).unwrap();
+    // The peer is slow: the rest comes after more than the idle timeout.
+    std::thread::sleep(Duration::from_millis(300));
+    a.write_all(&frame[10..]).unwrap();
+    a.set_read_timeout(Some(BOUND)).unwrap();
+    let mut reply = [0u8; PREFIX_LEN + RPC_HEADER_LEN + 3];
+    a.read_exact(&mut reply).expect("answered, not closed as idle");
+    assert_eq!(&reply[PREFIX_LEN + RPC_HEADER_LEN..], b"abc");
 }
