@@ -489,6 +489,7 @@ fn a_slow_request_is_not_cut_by_the_idle_timeout() {
     a.write_all(&frame[10..]).unwrap();
     a.set_read_timeout(Some(BOUND)).unwrap();
     let mut reply = [0u8; PREFIX_LEN + RPC_HEADER_LEN + 3];
-    a.read_exact(&mut reply).expect("answered, not closed as idle");
+    a.read_exact(&mut reply)
+        .expect("answered, not closed as idle");
     assert_eq!(&reply[PREFIX_LEN + RPC_HEADER_LEN..], b"abc");
 }
