@@ -148,15 +148,20 @@ fn raw(n: usize, cpu: usize) -> f64 {
     })
 }
 
-fn rpc(n: usize, cpu: usize) -> f64 {
-    let (a, b) = connections();
-    let serve = move || {
+/// The async RPC server answering `void o()` on `b`, for [`measure`].
+fn serve_rpc(b: std::os::unix::net::UnixStream) -> impl FnOnce() + Send + 'static {
+    move || {
         runtime().block_on(async move {
             let handler = |_: Request| async move { Ok::<_, Status>(Bytes::new()) };
             let server = RpcServer::new(handler, ServerConfig::default());
             let _ = server.serve_connection(connection(b)).await;
         })
-    };
+    }
+}
+
+fn rpc(n: usize, cpu: usize) -> f64 {
+    let (a, b) = connections();
+    let serve = serve_rpc(b);
     measure(cpu, serve, move || {
         let rt = runtime();
         let us = rt.block_on(async move {
@@ -181,14 +186,7 @@ fn rpc(n: usize, cpu: usize) -> f64 {
 /// `transport_core::rpc::blocking`'s client against the async RPC server.
 fn blocking_client_rpc(n: usize, cpu: usize) -> f64 {
     let (a, b) = connections();
-    let serve = move || {
-        runtime().block_on(async move {
-            let handler = |_: Request| async move { Ok::<_, Status>(Bytes::new()) };
-            let server = RpcServer::new(handler, ServerConfig::default());
-            let _ = server.serve_connection(connection(b)).await;
-        })
-    };
-    measure(cpu, serve, move || blocking_calls(a, n))
+    measure(cpu, serve_rpc(b), move || blocking_calls(a, n))
 }
 
 /// `transport_core::rpc::blocking` at both ends: the client, and the server serving the

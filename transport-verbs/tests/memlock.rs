@@ -11,8 +11,21 @@ use transport_core::{
 };
 use transport_verbs::{VerbsConfig, VerbsError, VerbsTransport};
 
-/// One test: the device is opened once per process, and the kernel refuses its use from
-/// threads whose credentials changed after that (as dropping a capability does).
+type Conn = <VerbsTransport as Transport>::Connection;
+type Halves = (<Conn as Connection>::Sender, <Conn as Connection>::Receiver);
+
+/// A connection from `verbs` to itself at `addr`, split: the client's halves, the server's.
+async fn pair(verbs: &VerbsTransport, addr: std::net::SocketAddr) -> (Halves, Halves) {
+    let mut listener = verbs.listen(&addr).await.expect("listen");
+    let addr = listener.local_addr().expect("addr");
+    let conn = verbs
+        .connect(&addr)
+        .await
+        .expect("connect within the limit");
+    let server = listener.accept().await.expect("accept");
+    (conn.split(), server.split())
+}
+
 #[test]
 fn the_defaults_fit_under_8_mib_and_a_registration_beyond_16_mib_is_a_typed_error() {
     let Some(addr) = common::listen_addr_or_skip("memlock") else {
@@ -25,15 +38,7 @@ fn the_defaults_fit_under_8_mib_and_a_registration_beyond_16_mib_is_a_typed_erro
     transport_verbs::set_memlock_soft_limit(Some(8 << 20)).expect("setrlimit");
     common::run(async {
         let verbs = VerbsTransport::new(VerbsConfig::default()).expect("transport");
-        let mut listener = verbs.listen(&addr).await.expect("listen");
-        let addr = listener.local_addr().expect("addr");
-        let conn = verbs
-            .connect(&addr)
-            .await
-            .expect("connect with the default settings under 8 MiB");
-        let server = listener.accept().await.expect("accept");
-        let (mut tx, _rx) = conn.split();
-        let (_stx, mut srx) = server.split();
+        let ((mut tx, _rx), (_stx, mut srx)) = pair(&verbs, addr).await;
         for i in 0..200u32 {
             let payload = Bytes::from(vec![i as u8; 1000 + (i as usize % 7) * 9000]);
             tx.send(Message::new(HeaderBytes::from([1u8]), payload.clone()))
@@ -58,17 +63,9 @@ fn the_defaults_fit_under_8_mib_and_a_registration_beyond_16_mib_is_a_typed_erro
     transport_verbs::set_memlock_soft_limit(Some(16 << 20)).expect("setrlimit");
     common::run(async move {
         let verbs = VerbsTransport::new(VerbsConfig::default()).expect("transport");
-        let mut listener = verbs.listen(&addr).await.expect("listen");
-        let addr = listener.local_addr().expect("addr");
         // The device's shared receive queue (fitted into half of the limit) and two
         // endpoints' send slots fit in it.
-        let conn = verbs
-            .connect(&addr)
-            .await
-            .expect("connect within the limit");
-        let server = listener.accept().await.expect("accept");
-        let (mut tx, _rx) = conn.split();
-        let (_stx, mut srx) = server.split();
+        let ((mut tx, _rx), (_stx, mut srx)) = pair(&verbs, addr).await;
 
         // 32 MiB of user memory must be registered for a rendezvous send: over the limit.
         let big = Bytes::from(vec![7u8; 32 << 20]);
