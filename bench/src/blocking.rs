@@ -11,11 +11,14 @@ use std::thread::JoinHandle;
 use transport_core::rpc::blocking::{BlockingConfig, BlockingServer};
 use transport_core::rpc::ServerConfig;
 
+/// The accepting thread (`None`: it could not be pinned and never served).
+type Accept = JoinHandle<Option<std::io::Result<()>>>;
+
 /// The in-process blocking RPC server: serves until dropped.
 pub struct Server {
     target: Target,
     stop: Box<dyn Fn() + Send>,
-    accept: Option<JoinHandle<std::io::Result<()>>>,
+    accept: Option<Accept>,
     /// The runtime behind the handlers' `block_on` (the bench's handlers answer at once).
     _runtime: tokio::runtime::Runtime,
 }
@@ -33,23 +36,20 @@ impl Server {
                 .with_spin(sys::spin()),
             runtime.handle().clone(),
         );
-        let (tx, rx) = std::sync::mpsc::channel();
         let serving = server.clone();
         let (target, accept) = match bind {
             Target::Uds(p) => {
                 let l = UnixListener::bind(&p)
                     .map_err(|e| format!("blocking rpc: listen on {}: {e}", p.display()))?;
-                (Target::Uds(p), spawn(move || serving.serve(l), core, tx)?)
+                (Target::Uds(p), spawn(move || serving.serve(l), core)?)
             }
             Target::Tcp(a) => {
                 let l = TcpListener::bind(a)
                     .map_err(|e| format!("blocking rpc: listen on {a}: {e}"))?;
                 let a = l.local_addr().map_err(|e| format!("blocking rpc: {e}"))?;
-                (Target::Tcp(a), spawn(move || serving.serve(l), core, tx)?)
+                (Target::Tcp(a), spawn(move || serving.serve(l), core)?)
             }
         };
-        rx.recv()
-            .map_err(|_| "blocking rpc: the server thread died".to_string())??;
         Ok(Server {
             target,
             stop: Box::new(move || server.shutdown()),
@@ -67,21 +67,8 @@ impl Server {
 fn spawn(
     serve: impl FnOnce() -> std::io::Result<()> + Send + 'static,
     core: Option<usize>,
-    ready: std::sync::mpsc::Sender<Result<(), String>>,
-) -> Result<JoinHandle<std::io::Result<()>>, String> {
-    std::thread::Builder::new()
-        .name("rpc-blocking-accept".into())
-        .spawn(move || {
-            if let Some(c) = core {
-                if let Err(e) = sys::pin_current_thread(c) {
-                    let _ = ready.send(Err(e));
-                    return Ok(());
-                }
-            }
-            let _ = ready.send(Ok(()));
-            serve()
-        })
-        .map_err(|e| format!("blocking rpc: server thread: {e}"))
+) -> Result<Accept, String> {
+    sys::spawn_pinned("rpc-blocking-accept", core, serve).map_err(|e| format!("blocking rpc: {e}"))
 }
 
 impl Drop for Server {

@@ -275,7 +275,14 @@ struct Start<'a> {
     passed: bool,
 }
 
-impl Start<'_> {
+impl<'a> Start<'a> {
+    fn new(barrier: &'a Barrier) -> Start<'a> {
+        Start {
+            barrier,
+            passed: false,
+        }
+    }
+
     fn wait(&mut self) {
         if !self.passed {
             self.passed = true;
@@ -297,10 +304,7 @@ async fn client_thread<T: Transport>(
     count: u64,
     barrier: &Barrier,
 ) -> Result<ThreadResult, BoxError> {
-    let mut barrier = Start {
-        barrier,
-        passed: false,
-    };
+    let mut barrier = Start::new(barrier);
     let conn = transport.connect(addr).await?;
     let metrics = conn.metrics();
     let caps = conn.capabilities();
@@ -466,7 +470,6 @@ async fn raw_op<S: MessageSender, R: MessageReceiver>(
     }
 }
 
-/// Runs `count` RPC calls with up to `job.window` in flight.
 /// A client thread of `--rpc-io blocking`: no runtime, one call at a time.
 fn blocking_client_thread(
     target: &SocketTarget,
@@ -474,10 +477,7 @@ fn blocking_client_thread(
     count: u64,
     barrier: &Barrier,
 ) -> Result<ThreadResult, BoxError> {
-    let mut barrier = Start {
-        barrier,
-        passed: false,
-    };
+    let mut barrier = Start::new(barrier);
     let config = BlockingConfig::default()
         .with_max_message_size(proto::MAX_PAYLOAD + 64)
         .with_spin(sys::spin());
@@ -560,6 +560,7 @@ fn blocking_op<S: BlockingSocket>(
     }
 }
 
+/// Runs `count` RPC calls with up to `job.window` in flight.
 async fn rpc_op<S: MessageSender>(
     client: &RpcClient<S>,
     job: Job,

@@ -146,7 +146,7 @@ impl<S: Read + Write> Counted<S> {
 pub struct Server {
     target: Target,
     stop: Arc<AtomicBool>,
-    accept: Option<JoinHandle<()>>,
+    accept: Option<JoinHandle<Option<()>>>,
 }
 
 enum AnyListener {
@@ -172,25 +172,13 @@ impl Server {
             }
         };
         let stop = Arc::new(AtomicBool::new(false));
-        let (tx, rx) = std::sync::mpsc::channel();
         let accept = {
             let stop = stop.clone();
-            std::thread::Builder::new()
-                .name("os-server".into())
-                .spawn(move || {
-                    if let Some(c) = core {
-                        if let Err(e) = sys::pin_current_thread(c) {
-                            let _ = tx.send(Err(e));
-                            return;
-                        }
-                    }
-                    let _ = tx.send(Ok(()));
-                    accept_loop(listener, core, &stop);
-                })
-                .map_err(|e| format!("os: server thread: {e}"))?
+            sys::spawn_pinned("os-server", core, move || {
+                accept_loop(listener, core, &stop)
+            })
+            .map_err(|e| format!("os: {e}"))?
         };
-        rx.recv()
-            .map_err(|_| "os: the server thread died".to_string())??;
         Ok(Server {
             target,
             stop,

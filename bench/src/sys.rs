@@ -107,6 +107,32 @@ pub fn allowed_cpus() -> Vec<usize> {
     }
 }
 
+/// Starts a thread named `name`, pinned to `core` (if any), that runs `f`; returns once the
+/// thread is pinned, or why it could not be.
+pub fn spawn_pinned<T: Send + 'static>(
+    name: &str,
+    core: Option<usize>,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<std::thread::JoinHandle<Option<T>>, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handle = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            if let Some(c) = core {
+                if let Err(e) = pin_current_thread(c) {
+                    let _ = tx.send(Err(e));
+                    return None;
+                }
+            }
+            let _ = tx.send(Ok(()));
+            Some(f())
+        })
+        .map_err(|e| format!("{name}: thread: {e}"))?;
+    rx.recv()
+        .map_err(|_| format!("{name}: the thread died"))??;
+    Ok(handle)
+}
+
 /// Pins the calling thread to `core`.
 pub fn pin_current_thread(core: usize) -> Result<(), String> {
     let mut set = CpuSet::new();

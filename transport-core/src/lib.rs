@@ -40,6 +40,7 @@ pub mod frame;
 mod message;
 mod metrics;
 pub mod rpc;
+mod sock;
 pub mod spin;
 pub mod stream;
 mod transport;

@@ -332,12 +332,7 @@ impl FrameReader {
                 }
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
+                Err(e) if timed_out(&e) => {
                     if let Some(s) = stall_at {
                         if Instant::now() >= s && until.is_none_or(|u| s <= u) {
                             let (received, expected) = self.decoder.progress(&self.buf);
@@ -371,14 +366,8 @@ fn recv_into<S: AsRawFd>(
     buf.reserve(max);
     let spare = buf.spare_capacity_mut();
     let len = spare.len().min(max);
-    // SAFETY: `recv` writes at most `len` bytes into `spare`, which is valid for writes of
-    // at least that many bytes; it never reads them, so their being uninitialised is fine.
-    let n = unsafe { libc::recv(socket.as_raw_fd(), spare.as_mut_ptr().cast(), len, flags) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let n = n as usize;
-    // SAFETY: `recv` initialised the first `n` (<= len) bytes of the spare capacity.
+    let n = crate::sock::recv_uninit(socket.as_raw_fd(), &mut spare[..len], flags)?;
+    // SAFETY: `recv_uninit` initialised the first `n` (<= len) bytes of the spare capacity.
     unsafe { buf.set_len(buf.len() + n) };
     metrics.bytes_received.add(n as u64);
     Ok(n)

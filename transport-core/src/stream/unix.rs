@@ -106,25 +106,17 @@ impl AsyncRead for UnixReadHalf {
             let mut guard = ready!(io.poll_read_ready(cx))?;
             let unfilled = buf.remaining();
             let fd = io.as_raw_fd();
-            // SAFETY: `recv` writes at most `unfilled.len()` bytes into the buffer's unfilled
-            // part, which is valid for writes of that length; it never reads it, so it being
-            // uninitialised is fine. Exactly the `n` bytes it reports are then marked filled.
-            let n = unsafe {
-                let dst = buf.unfilled_mut();
-                libc::recv(fd, dst.as_mut_ptr().cast(), dst.len(), 0)
-            };
-            if n < 0 {
-                let err = io::Error::last_os_error();
-                if err.kind() == io::ErrorKind::WouldBlock {
+            // SAFETY: `recv_uninit` only writes into the unfilled part (never de-initialises
+            // it); exactly the `n` bytes it reports are then marked filled.
+            let n = match crate::sock::recv_uninit(fd, unsafe { buf.unfilled_mut() }, 0) {
+                Ok(n) => n,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
                     guard.clear_ready();
                     continue;
                 }
-                if err.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Poll::Ready(Err(err));
-            }
-            let n = n as usize;
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(err) => return Poll::Ready(Err(err)),
+            };
             // SAFETY: `recv` initialised the first `n` bytes of the unfilled part.
             unsafe { buf.assume_init(n) };
             buf.advance(n);
