@@ -287,13 +287,17 @@ impl LargePool {
     }
 
     /// An empty buffer with room for `total` bytes, if one is pooled that fits without
-    /// much waste.
+    /// much waste: the one given back last (its bytes are the likeliest to still be in the
+    /// CPU cache, which the kernel's copy into it then hits). Taking the oldest instead made
+    /// a window of 16 replies of 64 KiB cycle through 16 buffers, 1 MiB, and the copy of
+    /// each received byte cost twice what it costs the raw stream's one hot buffer.
     fn take(&self, total: usize) -> Option<(Vec<u8>, Charge)> {
         let mut free = self.lock();
         let i = free
             .iter()
-            .position(|(b, _)| b.capacity() >= total && b.capacity() / 2 <= total)?;
-        let (mut b, charge) = free.swap_remove(i);
+            .rposition(|(b, _)| b.capacity() >= total && b.capacity() / 2 <= total)?;
+        // `remove`, not `swap_remove`: the rest keep their order, newest last.
+        let (mut b, charge) = free.remove(i);
         b.clear();
         Some((b, charge))
     }
@@ -847,6 +851,43 @@ mod tests {
             assert_eq!(msg.payload.len(), len);
             assert_eq!(rx.remaining_in_message(), None);
         }
+    }
+
+    /// The pool hands out the buffer given back last (the one whose bytes are likeliest
+    /// still cached), not the oldest: a window of replies then cycles through few buffers.
+    #[tokio::test]
+    async fn the_large_buffer_given_back_last_is_reused_first() {
+        let (mut tx, mut rx, _) = pair(4 << 20);
+        let writer = tokio::spawn(async move {
+            for i in 0..4u8 {
+                let payload = Bytes::from(vec![i + 1; 100_000]);
+                tx.send(Message::new(HeaderBytes::from([i; 3]), payload))
+                    .await
+                    .unwrap();
+            }
+            tx
+        });
+        let first = rx.recv().await.unwrap().unwrap();
+        let second = rx.recv().await.unwrap().unwrap();
+        let third = rx.recv().await.unwrap().unwrap();
+        let buffer_of = |m: &Message| m.payload.as_ptr() as usize - (PREFIX_LEN + 3);
+        let (a, b, c) = (buffer_of(&first), buffer_of(&second), buffer_of(&third));
+        assert!(
+            a != b && b != c && a != c,
+            "held payloads have buffers of their own"
+        );
+        // Given back in the order first, second, third: the third is the newest.
+        drop(first);
+        drop(second);
+        drop(third);
+        let fourth = rx.recv().await.unwrap().unwrap();
+        assert!(fourth.payload.iter().all(|&x| x == 4));
+        assert_eq!(
+            buffer_of(&fourth),
+            c,
+            "the buffer given back last is the one reused"
+        );
+        drop(writer.await.unwrap());
     }
 
     #[tokio::test]
