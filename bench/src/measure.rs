@@ -150,6 +150,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 struct ThreadResult {
     start: Instant,
     end: Instant,
+    /// The process's resource usage when this thread's measured work ended (before it
+    /// closed its connection and its runtime went down, which are not the job's cost).
+    usage_at_end: sys::Usage,
     calls: u64,
     bytes: u64,
     hist: Option<Histogram<u64>>,
@@ -219,11 +222,20 @@ where
             }
         }
     }
-    let used = sys::usage() - before;
     let server_metrics = server_totals() - server_before;
     if let Some(e) = first_err {
         return Err(e);
     }
+    // CPU, faults and switches up to the end of the last thread's measured work: closing the
+    // connections and dropping the runtimes afterwards (freeing pools, joining tasks) is not
+    // the job's cost. It was counted before, against an elapsed time that excluded it, and
+    // made a short run's CPU per GB exceed one CPU on one CPU.
+    let used = results
+        .iter()
+        .max_by_key(|r| r.end)
+        .expect("threads >= 1")
+        .usage_at_end
+        - before;
     let start = results.iter().map(|r| r.start).min().expect("threads >= 1");
     let end = results.iter().map(|r| r.end).max().expect("threads >= 1");
     let mut metrics = MetricsSnapshot::default();
@@ -330,10 +342,12 @@ async fn client_thread<T: Transport>(
             let start = Instant::now();
             let (bytes, hist) = raw_op(&mut tx, &mut rx, job, &payload, count).await?;
             let end = Instant::now();
+            let usage_at_end = sys::usage();
             let _ = tx.close().await;
             ThreadResult {
                 start,
                 end,
+                usage_at_end,
                 calls: count,
                 bytes,
                 hist,
@@ -354,11 +368,13 @@ async fn client_thread<T: Transport>(
             let start = Instant::now();
             let (bytes, hist) = rpc_op(&client, job, &payload, count).await?;
             let end = Instant::now();
+            let usage_at_end = sys::usage();
             let snap = metrics.snapshot() - m0;
             let _ = client.close().await;
             ThreadResult {
                 start,
                 end,
+                usage_at_end,
                 calls: count,
                 bytes,
                 hist,
@@ -509,6 +525,7 @@ fn blocking_run<S: BlockingSocket>(
     Ok(ThreadResult {
         start,
         end,
+        usage_at_end: sys::usage(),
         calls: count,
         bytes,
         hist,
