@@ -885,7 +885,8 @@ fn server(a: &ServerArgs) -> Result<(), String> {
             let v = VerbsTransport::new(sys::verbs_config()).map_err(|e| e.to_string())?;
             let l = v.listen(&a.listen).await.map_err(|e| {
                 let hint = if a.listen.ip().is_loopback() {
-                    " (rdma_cm needs the IP of an RDMA device: pass --listen IP:PORT)"
+                    " (pass --listen with the RDMA device's IP, e.g. --listen 10.0.0.5:5201: \
+                     verbs listeners are reachable from other hosts, and so is --listen's TCP port)"
                 } else {
                     ""
                 };

@@ -436,6 +436,17 @@ pub(crate) fn listen(
     mode: RecvMode,
     on_ready: impl Fn(Established) + Send + Sync + 'static,
 ) -> Result<Listening, TransportError> {
+    if addr.ip().is_loopback() {
+        // rdma_cm binds a loopback address to an RDMA device, where other hosts connect to the
+        // device's own IP (checked across two soft-RoCE guests): a listener that looks
+        // loopback-only would be open to the network.
+        return Err(crate::error::VerbsError::Config(
+            "a verbs listener cannot be loopback-only: rdma_cm binds a loopback address to an \
+             RDMA device, which other hosts reach; listen on the device's IP \
+             (transport_verbs::local_rdma_ip) or 0.0.0.0 to choose that exposure",
+        )
+        .into());
+    }
     let backlog = cfg.backlog;
     let id = ch
         .create_id(sideway::rdmacm::communication_manager::PortSpace::Tcp)

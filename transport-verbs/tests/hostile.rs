@@ -415,3 +415,30 @@ fn another_connection_cannot_read_with_a_leaked_rkey() {
         still_serving(&verbs, &mut l, addr).await;
     });
 }
+
+/// A loopback address would not keep a verbs listener local: rdma_cm binds it to an RDMA
+/// device, where other hosts connect to the device's IP (seen across two soft-RoCE guests:
+/// `bench server --verbs` on 127.0.0.1 answered a client on the other guest). So it is refused
+/// with an error that says why, and the device's own address still listens.
+#[test]
+fn a_loopback_listen_is_refused_not_exposed() {
+    let Some(ip) = common::listen_addr_or_skip("a_loopback_listen_is_refused_not_exposed") else {
+        return;
+    };
+    common::run(async move {
+        let verbs = VerbsTransport::new(VerbsConfig::default()).expect("transport");
+        for lo in ["127.0.0.1:0", "127.0.0.1:7471", "[::1]:0"] {
+            let addr: SocketAddr = lo.parse().unwrap();
+            let e = verbs
+                .listen(&addr)
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("listening on {lo} must be refused"));
+            assert!(e.to_string().contains("loopback"), "{lo}: {e}");
+        }
+        verbs
+            .listen(&ip)
+            .await
+            .expect("the device's own address listens");
+    });
+}

@@ -723,8 +723,8 @@ const MIN_PASSED: &[(&str, u64)] = &[
     // bench's middleware-scenario plumbing (typed payloads, many clients, ORB shape).
     ("test:scenarios-", 5),
     // transport-verbs' hostile-peer cases (lengths, RTS flood, eager flood, no HELLO, no FIN,
-    // stale and leaked rkeys).
-    ("test:hostile-", 7),
+    // stale and leaked rkeys, a loopback listen refused).
+    ("test:hostile-", 8),
     // transport-core's RPC-level hostile-peer cases (reused id, close with parked handlers,
     // per-connection and server request budgets, idle timeout).
     ("test:hostile_rpc-", 5),
