@@ -49,6 +49,18 @@ fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     rx.recv_timeout(BOUND).expect("finished in time")
 }
 
+/// The idle timeout of [`idle_server`].
+const IDLE: Duration = Duration::from_millis(100);
+
+/// A server that closes a connection after [`IDLE`] without a message.
+fn idle_server(rt: &tokio::runtime::Runtime) -> Server {
+    let sc = ServerConfig {
+        idle_timeout: Some(IDLE),
+        ..ServerConfig::default()
+    };
+    server(rt, sc, BlockingConfig::default())
+}
+
 /// A server serving one end of a socket pair on its own thread; returns the other end and
 /// the thread's result.
 fn served(s: &Server) -> (UnixStream, mpsc::Receiver<Result<(), RpcError>>) {
@@ -390,15 +402,11 @@ fn shutdown_ends_accepting_and_every_connection() {
 #[test]
 fn an_idle_connection_is_closed_after_the_idle_timeout() {
     let rt = runtime();
-    let sc = ServerConfig {
-        idle_timeout: Some(Duration::from_millis(100)),
-        ..ServerConfig::default()
-    };
-    let s = server(&rt, sc, BlockingConfig::default());
+    let s = idle_server(&rt);
     let (a, done) = served(&s);
     let t = Instant::now();
     done.recv_timeout(BOUND).unwrap().unwrap();
-    assert!(t.elapsed() >= Duration::from_millis(100));
+    assert!(t.elapsed() >= IDLE);
     drop(a);
 }
 
@@ -474,11 +482,7 @@ fn a_handler_past_the_servers_time_limit_is_answered_with_an_error() {
 #[test]
 fn a_slow_request_is_not_cut_by_the_idle_timeout() {
     let rt = runtime();
-    let sc = ServerConfig {
-        idle_timeout: Some(Duration::from_millis(100)),
-        ..ServerConfig::default()
-    };
-    let s = server(&rt, sc, BlockingConfig::default());
+    let s = idle_server(&rt);
     let (mut a, _done) = served(&s);
     let mut frame = encode_prefix(RPC_HEADER_LEN, 3).to_vec();
     frame.extend_from_slice(&RpcHeader::new(Kind::Request, ECHO, 1, 3).encode());
