@@ -1069,6 +1069,51 @@ impl MessageSender for VerbsSender {
         Ok(())
     }
 
+    /// Hands the eager messages of `msgs` to the engine under one lock and posts them with
+    /// one doorbell, as many at a time as the engine's queue takes; a message above the
+    /// eager limit (registered first) or above the size limit goes through [`Self::send`].
+    async fn send_batch(&mut self, msgs: &mut Vec<Message>) -> Result<(), TransportError> {
+        while let Some(first) = msgs.first() {
+            if first.payload.len() > self.cfg.eager_limit || first.len() > self.cfg.max_message_size
+            {
+                let msg = msgs.remove(0);
+                self.send(msg).await?;
+                continue;
+            }
+            if self.closed {
+                return Err(TransportError::Closed);
+            }
+            if let Some(e) = self.shared.error() {
+                return Err(e);
+            }
+            let eager = self.cfg.eager_limit;
+            let max = self.cfg.max_message_size;
+            let taken = self
+                .with_room(|core| {
+                    let room = OUTQ_MAX.saturating_sub(core.engine.queued()).max(1);
+                    let n = msgs
+                        .iter()
+                        .take(room)
+                        .take_while(|m| m.payload.len() <= eager && m.len() <= max)
+                        .count();
+                    for msg in msgs.drain(..n) {
+                        core.engine.send(OutMsg {
+                            header: msg.header,
+                            len: msg.payload.len(),
+                            payload: OutPayload {
+                                bytes: msg.payload,
+                                held: None,
+                            },
+                        });
+                    }
+                    n
+                })
+                .await?;
+            self.metrics.messages_sent.add(taken as u64);
+        }
+        Ok(())
+    }
+
     fn buffer_pool(&self) -> Arc<dyn BufferPool> {
         self.pool.buffer_pool()
     }

@@ -121,6 +121,67 @@ fn replies_within_the_spin_budget_are_taken_on_the_receiving_task() {
     });
 }
 
+/// Messages in the batch of `a_batch_of_sends_rings_one_doorbell_not_one_per_message`.
+const BATCH: u8 = 32;
+
+#[test]
+fn a_batch_of_sends_rings_one_doorbell_not_one_per_message() {
+    let Some(addr) = common::listen_addr_or_skip("polling") else {
+        return;
+    };
+    common::run(async move {
+        let verbs = VerbsTransport::new(VerbsConfig::default()).expect("transport");
+        let mut listener = verbs.listen(&addr).await.expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let conn = verbs.connect(&addr).await.expect("connect");
+        let server = listener.accept().await.expect("accept");
+        let metrics = conn.metrics();
+        let (mut tx, rx) = conn.split();
+        let (stx, mut srx) = server.split();
+        let msg = |i: u8| Message::new(HeaderBytes::from([i]), Bytes::from_static(b"8 bytes!"));
+        // The handshake and first exchange are not counted.
+        tx.send(msg(BATCH)).await.expect("send");
+        srx.recv().await.expect("recv").expect("open");
+
+        let before = metrics.snapshot();
+        for i in 0..BATCH {
+            tx.send(msg(i)).await.expect("send");
+        }
+        let one_by_one = (metrics.snapshot() - before).doorbells;
+        for i in 0..BATCH {
+            let m = srx.recv().await.expect("recv").expect("open");
+            assert_eq!(m.header.as_slice(), &[i], "message {i} out of order");
+        }
+
+        let before = metrics.snapshot();
+        let mut batch: Vec<Message> = (0..BATCH).map(msg).collect();
+        tx.send_batch(&mut batch).await.expect("send_batch");
+        let batched = (metrics.snapshot() - before).doorbells;
+        assert!(batch.is_empty(), "send_batch left {} messages", batch.len());
+        for i in 0..BATCH {
+            let m = srx.recv().await.expect("recv").expect("open");
+            assert_eq!(
+                m.header.as_slice(),
+                &[i],
+                "batched message {i} out of order"
+            );
+        }
+        eprintln!(
+            "client doorbells for {BATCH} messages: {one_by_one} sent one by one, {batched} as one batch"
+        );
+        assert!(
+            one_by_one >= u64::from(BATCH),
+            "{BATCH} separate sends rang only {one_by_one} doorbells"
+        );
+        // The batch's sends share one doorbell; receive-queue refills add at most a few.
+        assert!(
+            batched <= u64::from(BATCH) / 4,
+            "a batch of {BATCH} rang {batched} doorbells"
+        );
+        drop((tx, rx, stx));
+    });
+}
+
 /// CPU time this process has used (user + system).
 fn cpu_time() -> Duration {
     let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
