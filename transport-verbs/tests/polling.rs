@@ -133,15 +133,13 @@ fn a_batch_of_sends_rings_one_doorbell_not_one_per_message() {
         let verbs = VerbsTransport::new(VerbsConfig::default()).expect("transport");
         let mut listener = verbs.listen(&addr).await.expect("listen");
         let addr = listener.local_addr().expect("addr");
-        let conn = verbs.connect(&addr).await.expect("connect");
-        let server = listener.accept().await.expect("accept");
-        let metrics = conn.metrics();
-        let (mut tx, rx) = conn.split();
-        let (stx, mut srx) = server.split();
-        let msg = |i: u8| Message::new(HeaderBytes::from([i]), Bytes::from_static(b"8 bytes!"));
         // The handshake and first exchange are not counted.
-        tx.send(msg(BATCH)).await.expect("send");
-        srx.recv().await.expect("recv").expect("open");
+        let common::Pair {
+            client: (mut tx, rx),
+            server: (stx, mut srx),
+        } = common::open_pair(&verbs, &mut listener, addr).await;
+        let metrics = tx.metrics().clone();
+        let msg = |i: u8| Message::new(HeaderBytes::from([i]), Bytes::from_static(b"8 bytes!"));
 
         let before = metrics.snapshot();
         for i in 0..BATCH {
