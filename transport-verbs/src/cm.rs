@@ -436,7 +436,8 @@ pub(crate) fn listen(
     mode: RecvMode,
     on_ready: impl Fn(Established) + Send + Sync + 'static,
 ) -> Result<Listening, TransportError> {
-    if addr.ip().is_loopback() {
+    // `to_canonical` so an IPv4-mapped loopback (`[::ffff:127.0.0.1]`) is caught too.
+    if addr.ip().to_canonical().is_loopback() {
         // rdma_cm binds a loopback address to an RDMA device, where other hosts connect to the
         // device's own IP (checked across two soft-RoCE guests): a listener that looks
         // loopback-only would be open to the network.

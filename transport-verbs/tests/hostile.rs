@@ -427,7 +427,13 @@ fn a_loopback_listen_is_refused_not_exposed() {
     };
     common::run(async move {
         let verbs = VerbsTransport::new(VerbsConfig::default()).expect("transport");
-        for lo in ["127.0.0.1:0", "127.0.0.1:7471", "[::1]:0"] {
+        for lo in [
+            "127.0.0.1:0",
+            "127.0.0.1:7471",
+            "127.8.9.10:0",
+            "[::1]:0",
+            "[::ffff:127.0.0.1]:0",
+        ] {
             let addr: SocketAddr = lo.parse().unwrap();
             let e = verbs
                 .listen(&addr)
