@@ -649,6 +649,11 @@ pub struct CostFigures {
     /// Context switches (whole process) per call: every one is a thread going to sleep on a
     /// socket or completion and being woken again.
     pub context_switches_per_call: f64,
+    /// Received messages a transport's background task handed to the waiting task, per call,
+    /// client and (in local mode) server (verbs: replies the connection's driver took from the
+    /// device while the receiver was not polling it itself).
+    #[serde(default)]
+    pub handoffs_per_call: f64,
 }
 
 impl CostFigures {
@@ -674,6 +679,7 @@ impl CostFigures {
             cpu_us_per_call: o.cpu.as_secs_f64() * 1e6 / calls,
             page_faults_per_call: o.page_faults as f64 / calls,
             context_switches_per_call: o.context_switches as f64 / calls,
+            handoffs_per_call: (m.handoffs + o.server_metrics.handoffs) as f64 / calls,
         }
     }
 }

@@ -273,7 +273,8 @@ pub fn latency_verdict(t: &TransportReport) -> Option<String> {
         return Some(format!(
             "{} latency: RPC p50 {:.1} µs = {:.2}x the link's busy-polled SEND ping-pong ({:.1} µs), raw {:.2}x; \
              CPU per round trip {:.1} µs for RPC, {:.1} raw, {:.1} link; system calls and doorbells per round trip {:.1} for RPC, {:.1} raw \
-             (completion-channel arms and reads count: 0 when every reply came within the polling budget).",
+             (completion-channel arms and reads count: 0 when every reply came within the polling budget); \
+             messages handed from a driver task to the waiting task per round trip {:.2} for RPC, {:.2} raw (both sides; 0 when each was taken from the device on the task waiting for it).",
             t.transport,
             p.rpc.p50_us,
             p.rpc.p50_us / os.p50_us.max(1e-9),
@@ -284,6 +285,8 @@ pub fn latency_verdict(t: &TransportReport) -> Option<String> {
             os.costs.cpu_us_per_call,
             c.syscalls_per_call,
             r.syscalls_per_call,
+            c.handoffs_per_call,
+            r.handoffs_per_call,
         ));
     }
     let (o, r, c) = (&os.costs, &raw.costs, &p.rpc.costs);

@@ -89,6 +89,10 @@ pub struct Metrics {
     /// Times a sender waited because the peer had as many large (rendezvous) messages
     /// outstanding as it accepts (verbs).
     pub rendezvous_stalls: Counter,
+    /// Received messages a transport's background task took from the device and handed to
+    /// the receiving task, each a task wake-up on the way (verbs: taken by the connection's
+    /// driver while the receiving half was not polling the device itself).
+    pub handoffs: Counter,
     /// RPC calls in flight on this connection (maintained by the RPC client).
     pub in_flight: LevelGauge,
 }
@@ -108,6 +112,7 @@ impl Metrics {
             completions: self.completions.get(),
             credit_stalls: self.credit_stalls.get(),
             rendezvous_stalls: self.rendezvous_stalls.get(),
+            handoffs: self.handoffs.get(),
             in_flight_max: self.in_flight.max(),
             in_flight_samples: self.in_flight.samples.load(Ordering::Relaxed),
             in_flight_sum: self.in_flight.sum.load(Ordering::Relaxed),
@@ -141,6 +146,8 @@ pub struct MetricsSnapshot {
     pub credit_stalls: u64,
     /// See [`Metrics::rendezvous_stalls`].
     pub rendezvous_stalls: u64,
+    /// See [`Metrics::handoffs`].
+    pub handoffs: u64,
     /// Highest number of RPC calls in flight (not a difference: the later snapshot's value).
     pub in_flight_max: u64,
     /// Number of in-flight samples (one per call started).
@@ -172,6 +179,7 @@ impl MetricsSnapshot {
         self.completions += other.completions;
         self.credit_stalls += other.credit_stalls;
         self.rendezvous_stalls += other.rendezvous_stalls;
+        self.handoffs += other.handoffs;
         self.in_flight_max = self.in_flight_max.max(other.in_flight_max);
         self.in_flight_samples += other.in_flight_samples;
         self.in_flight_sum += other.in_flight_sum;
@@ -199,6 +207,7 @@ impl Sub for MetricsSnapshot {
             rendezvous_stalls: self
                 .rendezvous_stalls
                 .saturating_sub(earlier.rendezvous_stalls),
+            handoffs: self.handoffs.saturating_sub(earlier.handoffs),
             in_flight_max: self.in_flight_max,
             in_flight_samples: self
                 .in_flight_samples

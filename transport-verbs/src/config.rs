@@ -72,8 +72,9 @@ pub struct VerbsConfig {
     /// per connection driver even while idle; see `poll_spin` for the adaptive mode).
     pub busy_poll: bool,
     /// Adaptive polling: after any activity (a completion, a message to send, an rdma_cm event)
-    /// the connection's driver keeps polling the completion queue for this long before it arms
-    /// the completion channel and sleeps. Traffic that keeps coming within the budget never
+    /// the connection keeps polling the completion queue for this long before it arms the
+    /// completion channel and sleeps: the receiving half while it waits for a message, else
+    /// the connection's driver. Traffic that keeps coming within the budget never
     /// pays for a completion event and a wake-up; an idle connection spins for at most this
     /// long after its last activity, then sleeps. `Duration::ZERO` sleeps at once (pure event
     /// mode).

@@ -1,11 +1,17 @@
-//! One connection: a driver task that owns the queue pair and the protocol engine, and the two
-//! halves that talk to it.
+//! One connection: the queue pair and the protocol engine behind one lock (`Core`), the two
+//! halves that use it directly, and a driver task that moves it on when they do not.
 //!
-//! The engine (`engine.rs`) decides everything; the driver only moves between it and the
-//! device. It waits on the completion channel fd (tokio `AsyncFd`; or spins in busy-poll mode),
-//! on rdma_cm events, on the sender's commands and on the engine's next deadline. On every wake
-//! it drains the CQ completely, feeds each completion to the engine, posts the work the engine
-//! asks for (one doorbell per batch) and hands the engine's deliveries to the receiving half.
+//! The engine (`engine.rs`) decides everything; whoever holds the lock only moves between it
+//! and the device: drains the CQ, feeds each completion to the engine, posts the work the
+//! engine asks for (one doorbell per batch) and puts the engine's deliveries where the
+//! receiving half takes them.
+//! - The sender hands its message to the engine and posts it on its own task.
+//! - The receiver, while the spin budget runs, polls the CQ on its own task and holds a lease
+//!   on it, so a reply within the budget reaches it without a hop through another task.
+//! - The driver waits on the completion channel fd (tokio `AsyncFd`), or spins while the
+//!   budget runs and no receiver holds the lease, and on rdma_cm events and the engine's next
+//!   deadline. It takes over whatever the halves leave: credits and completions while nobody
+//!   waits, deadlines, the peer leaving, the teardown.
 
 use std::collections::HashMap;
 use std::io;
@@ -34,6 +40,10 @@ use crate::proto::TH_LEN;
 
 /// Messages queued in the engine before the driver stops taking more from the sender.
 const OUTQ_MAX: usize = 64;
+
+/// The shortest lease a receiving half takes on the CQ while it polls (busy-poll mode has no
+/// spin budget to size it by).
+const MIN_LEASE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Where the driver's timer is parked while the engine has no deadline: far enough that it
 /// never fires (a year; a deadline that appears moves it back).
@@ -97,6 +107,11 @@ struct Shared {
     watching: AtomicBool,
     /// Woken by the receiving half when it takes a delivery while `watching`.
     drained: Notify,
+    /// Wakes the driver: a half changed what it waits for (a deadline, a parked driver that
+    /// should spin, a half that went away).
+    kick: Notify,
+    /// Wakes the sender waiting for room in the engine's queue, or for its close to be sent.
+    room: Notify,
 }
 
 impl Shared {
@@ -106,13 +121,6 @@ impl Shared {
             .ok()
             .and_then(|f| f.as_ref().map(Fail::to_error))
     }
-}
-
-enum Cmd {
-    Msg(Message, Option<HeldBytes>),
-    Close(oneshot::Sender<()>),
-    #[cfg(feature = "test-hooks")]
-    InjectQpError,
 }
 
 /// The payload of an outgoing message: its bytes and, when known, their registration.
@@ -183,15 +191,40 @@ pub(crate) fn start(
         peer,
     } = est;
     let cq_fd = crate::ffi::watch(res.ep.channel_fd())?;
-    let (cmd_tx, cmd_rx) = mpsc::channel(OUTQ_MAX);
     let (dtx, drx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared::default());
     let caps = cfg.capabilities();
+    let engine = Engine::new(cfg.engine_config(), res.metrics.clone(), Instant::now());
+    let core = Arc::new(Mutex::new(Core {
+        ep: Some(res.ep),
+        engine,
+        targets: HashMap::new(),
+        pool: res.pool.clone(),
+        metrics: res.metrics.clone(),
+        cfg: cfg.clone(),
+        device: res.device.clone(),
+        deliver: Some(dtx),
+        receiver_gone: false,
+        sender_gone: false,
+        shared: shared.clone(),
+        close_acks: Vec::new(),
+        failed: None,
+        peer_disconnected: false,
+        ended: false,
+        completions: Vec::new(),
+        timeout_due: false,
+        timer_at: None,
+        parked: false,
+        deferring: false,
+        spin_until: None,
+        app_lease: None,
+        driver_turn: false,
+    }));
     let sender = VerbsSender {
-        tx: cmd_tx,
+        core: core.clone(),
         shared: shared.clone(),
         metrics: res.metrics.clone(),
-        pool: res.pool.clone(),
+        pool: res.pool,
         cfg: cfg.clone(),
         closed: false,
     };
@@ -200,31 +233,20 @@ pub(crate) fn start(
         done: None,
         metrics: res.metrics.clone(),
         shared: shared.clone(),
+        core: core.clone(),
     };
-    let engine = Engine::new(cfg.engine_config(), res.metrics.clone(), Instant::now());
     let driver = Driver {
         cq_fd: Some(cq_fd),
-        ep: Some(res.ep),
-        engine,
-        targets: HashMap::new(),
-        pool: res.pool,
-        metrics: res.metrics,
+        core,
         cfg,
         device: res.device.clone(),
+        metrics: res.metrics,
         id: Some(id),
         cm_rx: events,
-        cmd_rx,
-        cmd_open: true,
-        deliver: Some(dtx),
-        receiver_gone: false,
         shared,
-        close_acks: Vec::new(),
-        failed: None,
-        peer_disconnected: false,
-        completions: Vec::new(),
         timer: Box::pin(tokio::time::sleep(std::time::Duration::ZERO)),
         timer_at: None,
-        spin_until: None,
+        lease: Box::pin(tokio::time::sleep(std::time::Duration::ZERO)),
         member: Some(res.member),
     };
     tokio::spawn(driver.run());
@@ -237,9 +259,49 @@ pub(crate) fn start(
     })
 }
 
-struct Driver {
-    // Dropped before the endpoint (it watches the endpoint's channel fd).
-    cq_fd: Option<AsyncFd<ChannelFd<CompletionChannel>>>,
+/// Locks the connection's core; a panic while it was held (a bug) does not make the
+/// connection unusable for teardown.
+fn lock(core: &Mutex<Core>) -> std::sync::MutexGuard<'_, Core> {
+    core.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The core locked by the driver: what it delivers meanwhile counts as a hand-off.
+struct DriverTurn<'a>(std::sync::MutexGuard<'a, Core>);
+
+impl DriverTurn<'_> {
+    fn lock(core: &Mutex<Core>) -> DriverTurn<'_> {
+        let mut g = lock(core);
+        g.driver_turn = true;
+        DriverTurn(g)
+    }
+}
+
+impl std::ops::Deref for DriverTurn<'_> {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for DriverTurn<'_> {
+    fn deref_mut(&mut self) -> &mut Core {
+        &mut self.0
+    }
+}
+
+impl Drop for DriverTurn<'_> {
+    fn drop(&mut self) {
+        self.0.driver_turn = false;
+    }
+}
+
+/// The queue pair and the protocol engine, shared by the driver task and the two halves.
+///
+/// Whoever holds the lock moves the connection on: the sender posts its message itself, the
+/// receiver polls the CQ itself while it waits for a message, and the driver does both when
+/// woken by the completion channel, rdma_cm or a deadline. A round trip then needs no hop
+/// between tasks on either side. The lock is never held across an `.await`.
+struct Core {
     ep: Option<Endpoint<PoolBuf>>,
     engine: Engine<OutPayload>,
     /// Targets of the incoming rendezvous transfers being read, by the engine's tag.
@@ -248,149 +310,42 @@ struct Driver {
     metrics: Arc<Metrics>,
     cfg: Arc<VerbsConfig>,
     device: String,
-    id: Option<Arc<Identifier>>,
-    cm_rx: mpsc::UnboundedReceiver<CmMsg>,
-    cmd_rx: mpsc::Receiver<Cmd>,
-    cmd_open: bool,
     deliver: Option<mpsc::UnboundedSender<ToApp>>,
     receiver_gone: bool,
+    sender_gone: bool,
     shared: Arc<Shared>,
     close_acks: Vec<oneshot::Sender<()>>,
     failed: Option<Fail>,
     peer_disconnected: bool,
+    /// The driver has ended: the queue pair is being torn down.
+    ended: bool,
     completions: Vec<Completion<PoolBuf>>,
-    /// Sleeps until the engine's next deadline (`timer_at`).
-    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// The driver's timer has fired for the engine's deadline `timer_at`.
+    timeout_due: bool,
+    /// The deadline the driver's timer is set to.
     timer_at: Option<Instant>,
-    /// Adaptive polling: until then the driver polls the CQ instead of sleeping on the
+    /// The driver sleeps on the completion channel (not spinning).
+    parked: bool,
+    /// The driver leaves the CQ to the receiving half while its lease runs (`app_lease`).
+    deferring: bool,
+    /// Adaptive polling: until then the connection polls the CQ instead of sleeping on the
     /// completion channel (`VerbsConfig::poll_spin` after the last activity).
     spin_until: Option<Instant>,
-    /// Counts this connection and its memory in its domain until teardown.
-    member: Option<crate::domain::Member>,
+    /// Until then the receiving half polls the CQ on its own task (renewed at every poll
+    /// while it waits for a message); the driver stays out of its way.
+    app_lease: Option<Instant>,
+    /// The driver holds the lock: what it delivers is a hand-off (`Metrics::handoffs`).
+    driver_turn: bool,
 }
 
-enum Wake {
-    Cq,
-    Cm(Option<CmMsg>),
-    Cmd(Option<Cmd>),
-    Other,
-}
-
-impl Driver {
+impl Core {
     fn ep(&mut self) -> &mut Endpoint<PoolBuf> {
         self.ep.as_mut().expect("endpoint lives until teardown")
     }
 
-    async fn run(mut self) {
-        loop {
-            if self.failed.is_none() {
-                match self.progress() {
-                    Ok(0) => {}
-                    Ok(_) => self.active(),
-                    Err(f) => self.fail(f),
-                }
-            }
-            if self.failed.is_some() || self.peer_disconnected {
-                break;
-            }
-            if !self.receiver_gone && self.deliver.as_ref().is_none_or(|d| d.is_closed()) {
-                self.receiver_gone = true;
-                self.deliver = None;
-                self.engine.receiver_gone();
-                continue;
-            }
-            if !self.cmd_open && self.receiver_gone {
-                // Both halves are gone: finish what is outstanding (the peer still reading a
-                // payload of ours), then disconnect; give up after `linger` without progress.
-                self.engine.local_gone(Instant::now());
-                let idle =
-                    self.engine.is_idle() && self.ep.as_ref().is_none_or(|e| e.outstanding() == 0);
-                if idle || self.engine.linger_expired() {
-                    break;
-                }
-            }
-            let busy = self.cfg.busy_poll || self.spinning();
-            if !busy {
-                // rxe (and most providers) arm through the kernel: one system call.
-                self.metrics.syscalls.incr();
-                if let Err(e) = self.ep().arm() {
-                    let f = device_fail("ibv_req_notify_cq", &self.device, e);
-                    self.fail(f);
-                    break;
-                }
-                // A completion that raced the arming is processed now, not at the next event.
-                match self.poll_round() {
-                    Ok(0) => {}
-                    Ok(_) => continue,
-                    Err(f) => {
-                        self.fail(f);
-                        break;
-                    }
-                }
-            }
-            let take_cmds = self.cmd_open && self.engine.queued() < OUTQ_MAX;
-            // One timer, moved only when the engine's deadline moves (not one per wake).
-            let deadline = self.engine.poll_timeout();
-            if deadline != self.timer_at {
-                let at = match deadline {
-                    Some(d) => tokio::time::Instant::from_std(d),
-                    // Nothing to wait for. The timer is not polled then, but an entry left at
-                    // its old deadline (the hello deadline of a connection set up long ago)
-                    // would still fire and wake this task once: with many idle connections
-                    // that was most of their wake-ups. Move it out of the way instead.
-                    None => tokio::time::Instant::now() + IDLE_TIMER,
-                };
-                self.timer.as_mut().reset(at);
-                self.timer_at = deadline;
-            }
-            let watch_app = self.engine.waiting_for_app();
-            let shared = self.shared.clone();
-            let cq_fd = self.cq_fd.as_ref().expect("fd lives until teardown");
-            let wake = tokio::select! {
-                biased;
-                r = cq_fd.readable(), if !busy => {
-                    if let Ok(mut g) = r { g.clear_ready(); }
-                    Wake::Cq
-                }
-                m = self.cm_rx.recv() => Wake::Cm(m),
-                c = self.cmd_rx.recv(), if take_cmds => Wake::Cmd(c),
-                _ = tokio::task::yield_now(), if busy => Wake::Other,
-                _ = self.timer.as_mut(), if deadline.is_some() => Wake::Other,
-                _ = shared.drained.notified(), if watch_app => Wake::Other,
-            };
-            if !matches!(wake, Wake::Other) {
-                self.active();
-            }
-            match wake {
-                Wake::Cq => match self.ep().take_events() {
-                    // One read(2) per event plus the one that finds the channel empty.
-                    Ok(n) => self.metrics.syscalls.add(u64::from(n) + 1),
-                    Err(e) => {
-                        let f = device_fail("ibv_get_cq_event", &self.device, e);
-                        self.fail(f);
-                    }
-                },
-                Wake::Cm(Some(m)) => self.on_cm(m),
-                Wake::Cm(None) => {}
-                Wake::Cmd(Some(c)) => {
-                    self.on_cmd(c);
-                    // Take whatever else is queued: one doorbell for the whole batch.
-                    while self.engine.queued() < OUTQ_MAX {
-                        match self.cmd_rx.try_recv() {
-                            Ok(c) => self.on_cmd(c),
-                            Err(mpsc::error::TryRecvError::Empty) => break,
-                            Err(mpsc::error::TryRecvError::Disconnected) => {
-                                self.sender_gone();
-                                break;
-                            }
-                        }
-                    }
-                }
-                Wake::Cmd(None) => self.sender_gone(),
-                Wake::Other => {}
-            }
-        }
-        self.teardown();
+    /// Whether new work can still be posted.
+    fn usable(&self) -> bool {
+        !self.ended && self.failed.is_none() && self.ep.is_some()
     }
 
     /// Something happened: keep polling the CQ for the spin budget before sleeping again.
@@ -402,8 +357,13 @@ impl Driver {
 
     /// Whether the spin budget after the last activity still runs (clears it once spent).
     fn spinning(&mut self) -> bool {
+        self.spinning_at(Instant::now())
+    }
+
+    /// [`Core::spinning`] with the clock already read.
+    fn spinning_at(&mut self, now: Instant) -> bool {
         match self.spin_until {
-            Some(t) if Instant::now() < t => true,
+            Some(t) if now < t => true,
             Some(_) => {
                 self.spin_until = None;
                 false
@@ -412,88 +372,69 @@ impl Driver {
         }
     }
 
+    /// Whether the driver must be woken after a half acted: it sleeps although the
+    /// connection should now spin, or the engine's deadline moved away from its timer.
+    fn driver_needs_kick(&self) -> bool {
+        (self.parked && self.spin_until.is_some()) || self.engine.poll_timeout() != self.timer_at
+    }
+
     /// The sending half is gone: a dropped sender closes the sending direction.
     fn sender_gone(&mut self) {
-        self.cmd_open = false;
+        self.sender_gone = true;
         self.engine.close();
     }
 
-    fn on_cmd(&mut self, c: Cmd) {
-        match c {
-            Cmd::Msg(m, held) => self.engine.send(OutMsg {
-                header: m.header,
-                len: m.payload.len(),
-                payload: OutPayload {
-                    bytes: m.payload,
-                    held,
-                },
-            }),
-            Cmd::Close(ack) => {
-                self.engine.close();
-                if self.engine.close_sent() {
-                    let _ = ack.send(());
-                } else {
-                    self.close_acks.push(ack);
-                }
-            }
-            #[cfg(feature = "test-hooks")]
-            Cmd::InjectQpError => {
-                // Test hook: the flushed work requests surface as errors, like a real fault.
-                if let Err(e) = self.ep().set_error() {
-                    let f = device_fail("ibv_modify_qp (error state)", &self.device, e);
-                    self.fail(f);
-                }
-            }
-        }
-    }
-
-    fn on_cm(&mut self, m: CmMsg) {
-        match m.kind {
-            Some(EventType::Disconnected)
-            | Some(EventType::DeviceRemoval)
-            | Some(EventType::TimewaitExit)
-            | None => {
-                // Whatever the peer sent before leaving is in the CQ: take it first.
-                if self.failed.is_none() {
-                    if let Err(f) = self.progress() {
-                        self.fail(f);
-                        return;
-                    }
-                }
-                if let Some((received, expected)) = self.engine.reading() {
-                    self.fail(Fail::Truncated { received, expected });
-                } else if !self.engine.peer_closed() {
-                    self.fail(Fail::PeerGone(
-                        "RDMA peer disconnected without closing the connection",
-                    ));
-                } else {
-                    // Clean: the receiver saw the end; later sends fail.
-                    if let Ok(mut f) = self.shared.fail.lock() {
-                        f.get_or_insert(Fail::PeerGone("RDMA peer closed the connection"));
-                    }
-                    self.peer_disconnected = true;
-                }
-            }
-            _ => {}
-        }
-    }
-
     /// Drains the CQ, then lets the engine act on time, the application's pace and queued
-    /// messages. Returns the completions seen.
-    fn progress(&mut self) -> Result<usize, Fail> {
+    /// messages. Returns the completions seen. A failure is recorded (`fail`) and ends it.
+    fn progress(&mut self) -> usize {
+        if !self.usable() {
+            return 0;
+        }
         let mut total = 0;
         loop {
-            let n = self.poll_round()?;
-            if n == 0 {
-                break;
+            match self.poll_round() {
+                Ok(0) => break,
+                Ok(n) => total += n,
+                Err(f) => {
+                    self.fail(f);
+                    break;
+                }
             }
-            total += n;
         }
-        Ok(total)
+        total
+    }
+
+    /// For a half waiting on its own task: drains the CQ when it holds anything. An empty CQ
+    /// costs one poll and no step of the engine.
+    fn progress_if_any(&mut self) -> usize {
+        if !self.usable() {
+            return 0;
+        }
+        match self.poll_cq() {
+            Ok(0) => 0,
+            Ok(n) => {
+                if let Err(f) = self.step() {
+                    self.fail(f);
+                    return n;
+                }
+                n + self.progress()
+            }
+            Err(f) => {
+                self.fail(f);
+                0
+            }
+        }
     }
 
     /// One poll of the CQ (up to a batch), then one step of the engine. Returns completions seen.
     fn poll_round(&mut self) -> Result<usize, Fail> {
+        let n = self.poll_cq()?;
+        self.step()?;
+        Ok(n)
+    }
+
+    /// One poll of the CQ (up to a batch), each completion fed to the engine.
+    fn poll_cq(&mut self) -> Result<usize, Fail> {
         let mut comps = std::mem::take(&mut self.completions);
         let n = match self.ep().poll(&mut comps) {
             Ok(n) => n,
@@ -508,7 +449,6 @@ impl Driver {
         }
         self.completions = comps;
         result?;
-        self.step()?;
         Ok(n)
     }
 
@@ -517,7 +457,7 @@ impl Driver {
         let backlog = self.shared.backlog.load(Ordering::Acquire);
         let bytes = self.shared.backlog_bytes.load(Ordering::Acquire);
         self.engine.set_backlog(backlog, bytes);
-        if self.timer_at.is_some() && self.timer.is_elapsed() {
+        if self.timeout_due {
             self.engine
                 .handle_timeout(Instant::now())
                 .map_err(Fail::verbs)?;
@@ -528,10 +468,14 @@ impl Driver {
         if self.engine.needs_clock() {
             self.engine.clock(Instant::now());
         }
-        if self.engine.close_sent() {
+        if self.engine.close_sent() && !self.close_acks.is_empty() {
             for a in self.close_acks.drain(..) {
                 let _ = a.send(());
             }
+        }
+        if self.engine.queued() < OUTQ_MAX {
+            // A sender waiting for room (or for its close) looks again.
+            self.shared.room.notify_one();
         }
         self.shared
             .watching
@@ -615,6 +559,9 @@ impl Driver {
                 _ => 0,
             };
             if let Some(tx) = &self.deliver {
+                if self.driver_turn {
+                    self.metrics.handoffs.incr();
+                }
                 // Counted before sending, so the receiver never takes one it was not counted.
                 self.shared.backlog.fetch_add(1, Ordering::AcqRel);
                 self.shared.backlog_bytes.fetch_add(bytes, Ordering::AcqRel);
@@ -732,6 +679,35 @@ impl Driver {
         Ok(())
     }
 
+    fn on_cm(&mut self, kind: Option<EventType>) {
+        match kind {
+            Some(EventType::Disconnected)
+            | Some(EventType::DeviceRemoval)
+            | Some(EventType::TimewaitExit)
+            | None => {
+                // Whatever the peer sent before leaving is in the CQ: take it first.
+                self.progress();
+                if self.failed.is_some() {
+                    return;
+                }
+                if let Some((received, expected)) = self.engine.reading() {
+                    self.fail(Fail::Truncated { received, expected });
+                } else if !self.engine.peer_closed() {
+                    self.fail(Fail::PeerGone(
+                        "RDMA peer disconnected without closing the connection",
+                    ));
+                } else {
+                    // Clean: the receiver saw the end; later sends fail.
+                    if let Ok(mut f) = self.shared.fail.lock() {
+                        f.get_or_insert(Fail::PeerGone("RDMA peer closed the connection"));
+                    }
+                    self.peer_disconnected = true;
+                }
+            }
+            _ => {}
+        }
+    }
+
     fn fail(&mut self, f: Fail) {
         if self.failed.is_some() {
             return;
@@ -746,28 +722,215 @@ impl Driver {
             let _ = tx.send(ToApp::Fail(f));
         }
         self.close_acks.clear();
+        // A sender waiting for room or for its close sees the failure.
+        self.shared.room.notify_one();
         if let Some(ep) = self.ep.as_mut() {
             let _ = ep.set_error();
         }
     }
+}
 
-    fn teardown(mut self) {
-        if self.failed.is_none() && !self.peer_disconnected {
-            // Clean end: the receiver gets whatever is left, then the end of the stream.
-            self.deliver_ready();
-        }
-        if let Ok(mut s) = self.shared.fail.lock() {
-            s.get_or_insert(Fail::PeerGone("the verbs connection is closed"));
-        }
-        if let Some(tx) = self.deliver.take() {
-            if self.failed.is_none() {
-                let _ = tx.send(ToApp::End);
+struct Driver {
+    // Dropped before the endpoint (it watches the endpoint's channel fd).
+    cq_fd: Option<AsyncFd<ChannelFd<CompletionChannel>>>,
+    core: Arc<Mutex<Core>>,
+    cfg: Arc<VerbsConfig>,
+    device: String,
+    metrics: Arc<Metrics>,
+    id: Option<Arc<Identifier>>,
+    cm_rx: mpsc::UnboundedReceiver<CmMsg>,
+    shared: Arc<Shared>,
+    /// Sleeps until the engine's next deadline (`timer_at`).
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    timer_at: Option<Instant>,
+    /// Sleeps until the receiving half's lease on the CQ ends.
+    lease: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Counts this connection and its memory in its domain until teardown.
+    member: Option<crate::domain::Member>,
+}
+
+enum Wake {
+    Cq,
+    Cm(Option<CmMsg>),
+    Other,
+}
+
+/// What the driver waits for in one turn, decided under the lock.
+struct Turn {
+    busy: bool,
+    /// The receiving half polls until then: no CQ wait and no spinning here.
+    defer_until: Option<Instant>,
+    deadline: Option<Instant>,
+    watch_app: bool,
+}
+
+impl Driver {
+    async fn run(mut self) {
+        loop {
+            let turn = {
+                let mut core = DriverTurn::lock(&self.core);
+                match self.prepare(&mut core) {
+                    Some(t) => t,
+                    None => break,
+                }
+            };
+            // One timer, moved only when the engine's deadline moves (not one per wake).
+            if turn.deadline != self.timer_at {
+                let at = match turn.deadline {
+                    Some(d) => tokio::time::Instant::from_std(d),
+                    // Nothing to wait for. The timer is not polled then, but an entry left at
+                    // its old deadline (the hello deadline of a connection set up long ago)
+                    // would still fire and wake this task once: with many idle connections
+                    // that was most of their wake-ups. Move it out of the way instead.
+                    None => tokio::time::Instant::now() + IDLE_TIMER,
+                };
+                self.timer.as_mut().reset(at);
+                self.timer_at = turn.deadline;
+                lock(&self.core).timer_at = turn.deadline;
+            }
+            let busy = turn.busy;
+            let deferring = turn.defer_until.is_some();
+            if let Some(t) = turn.defer_until {
+                self.lease.as_mut().reset(tokio::time::Instant::from_std(t));
+            }
+            let shared = self.shared.clone();
+            let cq_fd = self.cq_fd.as_ref().expect("fd lives until teardown");
+            let wake = tokio::select! {
+                biased;
+                r = cq_fd.readable(), if !busy && !deferring => {
+                    if let Ok(mut g) = r { g.clear_ready(); }
+                    Wake::Cq
+                }
+                m = self.cm_rx.recv() => Wake::Cm(m),
+                _ = shared.kick.notified() => Wake::Other,
+                _ = tokio::task::yield_now(), if busy => Wake::Other,
+                _ = self.timer.as_mut(), if turn.deadline.is_some() => Wake::Other,
+                _ = self.lease.as_mut(), if deferring => Wake::Other,
+                _ = shared.drained.notified(), if turn.watch_app => Wake::Other,
+            };
+            let mut core = DriverTurn::lock(&self.core);
+            core.parked = false;
+            core.deferring = false;
+            match wake {
+                Wake::Cq => {
+                    core.active();
+                    match core.ep().take_events() {
+                        // One read(2) per event plus the one that finds the channel empty.
+                        Ok(n) => self.metrics.syscalls.add(u64::from(n) + 1),
+                        Err(e) => {
+                            let f = device_fail("ibv_get_cq_event", &self.device, e);
+                            core.fail(f);
+                        }
+                    }
+                }
+                Wake::Cm(Some(m)) => {
+                    core.active();
+                    core.on_cm(m.kind);
+                }
+                Wake::Cm(None) => core.active(),
+                Wake::Other => {}
             }
         }
+        self.teardown();
+    }
+
+    /// Moves the connection on and decides what to wait for next; `None` when the driver
+    /// should end.
+    fn prepare(&self, core: &mut Core) -> Option<Turn> {
+        loop {
+            core.timeout_due = self.timer_at.is_some() && self.timer.is_elapsed();
+            if core.progress() > 0 {
+                core.active();
+            }
+            if core.failed.is_some() || core.peer_disconnected {
+                return None;
+            }
+            if !core.receiver_gone && core.deliver.as_ref().is_none_or(|d| d.is_closed()) {
+                core.receiver_gone = true;
+                core.deliver = None;
+                core.engine.receiver_gone();
+                continue;
+            }
+            if core.sender_gone && core.receiver_gone {
+                // Both halves are gone: finish what is outstanding (the peer still reading a
+                // payload of ours), then disconnect; give up after `linger` without progress.
+                core.engine.local_gone(Instant::now());
+                let idle =
+                    core.engine.is_idle() && core.ep.as_ref().is_none_or(|e| e.outstanding() == 0);
+                if idle || core.engine.linger_expired() {
+                    return None;
+                }
+            }
+            let busy = self.cfg.busy_poll || core.spinning();
+            if busy {
+                if let Some(t) = core.app_lease {
+                    if Instant::now() < t {
+                        core.parked = false;
+                        core.deferring = true;
+                        return Some(Turn {
+                            busy: false,
+                            defer_until: Some(t),
+                            deadline: core.engine.poll_timeout(),
+                            watch_app: core.engine.waiting_for_app(),
+                        });
+                    }
+                    core.app_lease = None;
+                }
+            }
+            core.deferring = false;
+            if !busy {
+                // rxe (and most providers) arm through the kernel: one system call.
+                self.metrics.syscalls.incr();
+                if let Err(e) = core.ep().arm() {
+                    let f = device_fail("ibv_req_notify_cq", &self.device, e);
+                    core.fail(f);
+                    return None;
+                }
+                // A completion that raced the arming is processed now, not at the next event.
+                match core.poll_round() {
+                    Ok(0) => {}
+                    Ok(_) => {
+                        core.active();
+                        continue;
+                    }
+                    Err(f) => {
+                        core.fail(f);
+                        return None;
+                    }
+                }
+            }
+            core.parked = !busy;
+            return Some(Turn {
+                busy,
+                defer_until: None,
+                deadline: core.engine.poll_timeout(),
+                watch_app: core.engine.waiting_for_app(),
+            });
+        }
+    }
+
+    fn teardown(mut self) {
+        let (ep, targets) = {
+            let mut core = DriverTurn::lock(&self.core);
+            if core.failed.is_none() && !core.peer_disconnected {
+                // Clean end: the receiver gets whatever is left, then the end of the stream.
+                core.deliver_ready();
+            }
+            if let Ok(mut s) = core.shared.fail.lock() {
+                s.get_or_insert(Fail::PeerGone("the verbs connection is closed"));
+            }
+            if let Some(tx) = core.deliver.take() {
+                if core.failed.is_none() {
+                    let _ = tx.send(ToApp::End);
+                }
+            }
+            core.ended = true;
+            core.close_acks.clear();
+            core.shared.room.notify_one();
+            (core.ep.take(), std::mem::take(&mut core.targets))
+        };
         drop(self.cq_fd.take());
-        let ep = self.ep.take();
         let id = self.id.take();
-        let targets = std::mem::take(&mut self.targets);
         let member = self.member.take();
         let work = move || {
             if let Some(id) = &id {
@@ -791,7 +954,7 @@ impl Driver {
 
 /// The sending half of a verbs connection.
 pub struct VerbsSender {
-    tx: mpsc::Sender<Cmd>,
+    core: Arc<Mutex<Core>>,
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
     pool: Pool,
@@ -810,11 +973,61 @@ impl VerbsSender {
         self.shared.error().unwrap_or(TransportError::Closed)
     }
 
+    /// Runs `f` on the core once the engine's queue has room (the driver or the receiver
+    /// makes it as the peer grants credits), then wakes the driver if it must act on it.
+    async fn with_room<R>(&self, f: impl FnOnce(&mut Core) -> R) -> Result<R, TransportError> {
+        let mut f = Some(f);
+        loop {
+            let notified = self.shared.room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut core = lock(&self.core);
+                if !core.usable() {
+                    drop(core);
+                    return Err(self.gone());
+                }
+                // Credits and send slots the peer returned since the last look.
+                core.progress();
+                if !core.usable() {
+                    drop(core);
+                    return Err(self.gone());
+                }
+                if core.engine.queued() < OUTQ_MAX {
+                    let f = f.take().expect("runs once");
+                    let r = f(&mut core);
+                    if let Err(fail) = core.step() {
+                        core.fail(fail);
+                    }
+                    core.active();
+                    if core.driver_needs_kick() {
+                        self.shared.kick.notify_one();
+                    }
+                    return Ok(r);
+                }
+                // Full: the driver moves the connection on (spinning) until there is room.
+                core.active();
+                self.shared.kick.notify_one();
+            }
+            notified.await;
+        }
+    }
+
     /// Test hook: moves the queue pair to the error state, as a device fault would. Every
     /// pending and later operation fails with a typed error.
     #[cfg(feature = "test-hooks")]
     pub async fn inject_qp_error(&mut self) {
-        let _ = self.tx.send(Cmd::InjectQpError).await;
+        let mut core = lock(&self.core);
+        if core.ep.is_none() || core.ended {
+            return;
+        }
+        // Test hook: the flushed work requests surface as errors, like a real fault.
+        if let Err(e) = core.ep().set_error() {
+            let f = device_fail("ibv_modify_qp (error state)", &core.device.clone(), e);
+            core.fail(f);
+        }
+        core.active();
+        self.shared.kick.notify_one();
     }
 }
 
@@ -841,11 +1054,63 @@ impl MessageSender for VerbsSender {
         } else {
             None
         };
-        self.tx
-            .send(Cmd::Msg(msg, held))
-            .await
-            .map_err(|_| self.gone())?;
+        self.with_room(move |core| {
+            core.engine.send(OutMsg {
+                header: msg.header,
+                len: msg.payload.len(),
+                payload: OutPayload {
+                    bytes: msg.payload,
+                    held,
+                },
+            })
+        })
+        .await?;
         self.metrics.messages_sent.incr();
+        Ok(())
+    }
+
+    /// Hands the eager messages of `msgs` to the engine under one lock and posts them with
+    /// one doorbell, as many at a time as the engine's queue takes; a message above the
+    /// eager limit (registered first) or above the size limit goes through [`Self::send`].
+    async fn send_batch(&mut self, msgs: &mut Vec<Message>) -> Result<(), TransportError> {
+        while let Some(first) = msgs.first() {
+            if first.payload.len() > self.cfg.eager_limit || first.len() > self.cfg.max_message_size
+            {
+                let msg = msgs.remove(0);
+                self.send(msg).await?;
+                continue;
+            }
+            if self.closed {
+                return Err(TransportError::Closed);
+            }
+            if let Some(e) = self.shared.error() {
+                return Err(e);
+            }
+            let eager = self.cfg.eager_limit;
+            let max = self.cfg.max_message_size;
+            let taken = self
+                .with_room(|core| {
+                    let room = OUTQ_MAX.saturating_sub(core.engine.queued()).max(1);
+                    let n = msgs
+                        .iter()
+                        .take(room)
+                        .take_while(|m| m.payload.len() <= eager && m.len() <= max)
+                        .count();
+                    for msg in msgs.drain(..n) {
+                        core.engine.send(OutMsg {
+                            header: msg.header,
+                            len: msg.payload.len(),
+                            payload: OutPayload {
+                                bytes: msg.payload,
+                                held: None,
+                            },
+                        });
+                    }
+                    n
+                })
+                .await?;
+            self.metrics.messages_sent.add(taken as u64);
+        }
         Ok(())
     }
 
@@ -863,15 +1128,34 @@ impl MessageSender for VerbsSender {
         }
         self.closed = true;
         let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(Cmd::Close(tx))
-            .await
-            .map_err(|_| self.gone())?;
+        self.with_room(move |core| {
+            core.engine.close();
+            if core.engine.close_sent() {
+                let _ = tx.send(());
+            } else {
+                core.close_acks.push(tx);
+            }
+        })
+        .await?;
         rx.await.map_err(|_| self.gone())
     }
 
     fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+}
+
+impl Drop for VerbsSender {
+    fn drop(&mut self) {
+        let mut core = lock(&self.core);
+        core.sender_gone();
+        if core.usable() {
+            if let Err(f) = core.step() {
+                core.fail(f);
+            }
+        }
+        drop(core);
+        self.shared.kick.notify_one();
     }
 }
 
@@ -881,11 +1165,58 @@ pub struct VerbsReceiver {
     done: Option<Option<Fail>>,
     metrics: Arc<Metrics>,
     shared: Arc<Shared>,
+    core: Arc<Mutex<Core>>,
 }
 
 impl std::fmt::Debug for VerbsReceiver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VerbsReceiver").finish_non_exhaustive()
+    }
+}
+
+impl VerbsReceiver {
+    /// The next delivery: taken from what was already delivered, else polled from the CQ on
+    /// this task while the spin budget runs (the reply of a ping-pong then costs no hop
+    /// through the driver), else awaited from the driver.
+    async fn next(&mut self) -> Option<ToApp> {
+        loop {
+            match self.rx.try_recv() {
+                Ok(d) => return Some(d),
+                Err(mpsc::error::TryRecvError::Disconnected) => return None,
+                Err(mpsc::error::TryRecvError::Empty) => {}
+            }
+            let spin = {
+                // The driver holds the lock only briefly; if it does, it is polling anyway.
+                let Ok(mut core) = self.core.try_lock() else {
+                    tokio::task::yield_now().await;
+                    continue;
+                };
+                if core.progress_if_any() > 0 {
+                    core.active();
+                    if core.driver_needs_kick() {
+                        self.shared.kick.notify_one();
+                    }
+                    continue;
+                }
+                let now = Instant::now();
+                let spin = core.usable() && (core.cfg.busy_poll || core.spinning_at(now));
+                if spin {
+                    core.app_lease = Some(now + core.cfg.poll_spin.max(MIN_LEASE));
+                } else if core.app_lease.take().is_some() && core.deferring {
+                    // The driver takes the CQ back now, not when the lease would end.
+                    self.shared.kick.notify_one();
+                }
+                spin
+            };
+            if !spin {
+                return self.rx.recv().await;
+            }
+            tokio::select! {
+                biased;
+                d = self.rx.recv() => return d,
+                _ = tokio::task::yield_now() => {}
+            }
+        }
     }
 }
 
@@ -896,7 +1227,7 @@ impl MessageReceiver for VerbsReceiver {
             Some(Some(f)) => return Err(f.to_error()),
             None => {}
         }
-        let d = self.rx.recv().await;
+        let d = self.next().await;
         if let Some(item) = &d {
             let bytes = match item {
                 ToApp::Msg(m) => m.payload.len() as u64,
@@ -951,6 +1282,15 @@ impl MessageReceiver for VerbsReceiver {
 
     fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+}
+
+impl Drop for VerbsReceiver {
+    fn drop(&mut self) {
+        // The driver notices the closed delivery channel at its next turn: make it now.
+        self.rx.close();
+        lock(&self.core).app_lease = None;
+        self.shared.kick.notify_one();
     }
 }
 

@@ -1,5 +1,6 @@
 //! Adaptive polling (`VerbsConfig::poll_spin`): replies that come within the spin budget cost
-//! no completion-channel system call, and idle connections do not spin.
+//! no completion-channel system call and are taken from the device on the receiving task
+//! itself (no hand-off from the driver task), and idle connections do not spin.
 
 mod common;
 
@@ -13,9 +14,16 @@ use transport_verbs::{VerbsConfig, VerbsTransport};
 
 const ROUND_TRIPS: u64 = 300;
 
-/// Client-side system calls (completion-channel arms and reads) over `ROUND_TRIPS` 8-byte
-/// ping-pongs on one connection with this spin budget.
-async fn syscalls_per_ping_pong(addr: std::net::SocketAddr, spin: Duration) -> u64 {
+/// What `ROUND_TRIPS` 8-byte ping-pongs on one connection cost its client with this spin
+/// budget.
+struct Costs {
+    /// Completion-channel arms and event reads.
+    syscalls: u64,
+    /// Replies the driver task took from the device and handed to the receiving task.
+    handoffs: u64,
+}
+
+async fn ping_pong_costs(addr: std::net::SocketAddr, spin: Duration) -> Costs {
     let mut config = VerbsConfig::default();
     config.poll_spin = spin;
     let verbs = VerbsTransport::new(config).expect("transport");
@@ -37,13 +45,13 @@ async fn syscalls_per_ping_pong(addr: std::net::SocketAddr, spin: Duration) -> u
     // The handshake and first exchange are not counted.
     tx.send(ping()).await.expect("send");
     rx.recv().await.expect("recv").expect("open");
-    let before = metrics.syscalls.get();
+    let before = metrics.snapshot();
     for _ in 0..ROUND_TRIPS {
         tx.send(ping()).await.expect("send");
         let m = rx.recv().await.expect("recv").expect("open");
         assert_eq!(&m.payload[..], b"8 bytes!");
     }
-    let n = metrics.syscalls.get() - before;
+    let d = metrics.snapshot() - before;
     tx.close().await.expect("close");
     // The echo task sees the end of the stream and stops.
     tokio::time::timeout(Duration::from_secs(10), echo)
@@ -51,7 +59,10 @@ async fn syscalls_per_ping_pong(addr: std::net::SocketAddr, spin: Duration) -> u
         .expect("echo task ended")
         .expect("echo task");
     drop(rx);
-    n
+    Costs {
+        syscalls: d.syscalls,
+        handoffs: d.handoffs,
+    }
 }
 
 #[test]
@@ -60,8 +71,10 @@ fn replies_within_the_spin_budget_cost_no_completion_event() {
         return;
     };
     common::run(async move {
-        let events = syscalls_per_ping_pong(addr, Duration::ZERO).await;
-        let spinning = syscalls_per_ping_pong(addr, Duration::from_secs(30)).await;
+        let events = ping_pong_costs(addr, Duration::ZERO).await.syscalls;
+        let spinning = ping_pong_costs(addr, Duration::from_secs(30))
+            .await
+            .syscalls;
         eprintln!(
             "client system calls over {ROUND_TRIPS} round trips: {events} with poll_spin 0 \
              (events), {spinning} with poll_spin 30 s"
@@ -76,6 +89,94 @@ fn replies_within_the_spin_budget_cost_no_completion_event() {
             spinning <= 4,
             "{spinning} completion-channel system calls while replies came within the budget"
         );
+    });
+}
+
+#[test]
+fn replies_within_the_spin_budget_are_taken_on_the_receiving_task() {
+    let Some(addr) = common::listen_addr_or_skip("polling") else {
+        return;
+    };
+    common::run(async move {
+        let events = ping_pong_costs(addr, Duration::ZERO).await.handoffs;
+        let spinning = ping_pong_costs(addr, Duration::from_secs(30))
+            .await
+            .handoffs;
+        eprintln!(
+            "replies handed over by the driver in {ROUND_TRIPS} round trips: {events} with \
+             poll_spin 0 (events), {spinning} with poll_spin 30 s"
+        );
+        // Sleeping on the completion channel, the driver is woken and hands the reply over.
+        assert!(
+            events >= ROUND_TRIPS / 2,
+            "event mode handed over only {events} of {ROUND_TRIPS} replies"
+        );
+        // Within the budget the waiting receiver polls the CQ itself and the driver stays out
+        // of its way: no task hop between the device and the application.
+        assert!(
+            spinning <= 4,
+            "{spinning} of {ROUND_TRIPS} replies went through the driver task while the \
+             receiver was polling"
+        );
+    });
+}
+
+/// Messages in the batch of `a_batch_of_sends_rings_one_doorbell_not_one_per_message`.
+const BATCH: u8 = 32;
+
+#[test]
+fn a_batch_of_sends_rings_one_doorbell_not_one_per_message() {
+    let Some(addr) = common::listen_addr_or_skip("polling") else {
+        return;
+    };
+    common::run(async move {
+        let verbs = VerbsTransport::new(VerbsConfig::default()).expect("transport");
+        let mut listener = verbs.listen(&addr).await.expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        // The handshake and first exchange are not counted.
+        let common::Pair {
+            client: (mut tx, rx),
+            server: (stx, mut srx),
+        } = common::open_pair(&verbs, &mut listener, addr).await;
+        let metrics = tx.metrics().clone();
+        let msg = |i: u8| Message::new(HeaderBytes::from([i]), Bytes::from_static(b"8 bytes!"));
+
+        let before = metrics.snapshot();
+        for i in 0..BATCH {
+            tx.send(msg(i)).await.expect("send");
+        }
+        let one_by_one = (metrics.snapshot() - before).doorbells;
+        for i in 0..BATCH {
+            let m = srx.recv().await.expect("recv").expect("open");
+            assert_eq!(m.header.as_slice(), &[i], "message {i} out of order");
+        }
+
+        let before = metrics.snapshot();
+        let mut batch: Vec<Message> = (0..BATCH).map(msg).collect();
+        tx.send_batch(&mut batch).await.expect("send_batch");
+        let batched = (metrics.snapshot() - before).doorbells;
+        assert!(batch.is_empty(), "send_batch left {} messages", batch.len());
+        for i in 0..BATCH {
+            let m = srx.recv().await.expect("recv").expect("open");
+            assert_eq!(
+                m.header.as_slice(),
+                &[i],
+                "batched message {i} out of order"
+            );
+        }
+        eprintln!(
+            "client doorbells for {BATCH} messages: {one_by_one} sent one by one, {batched} as one batch"
+        );
+        assert!(
+            one_by_one >= u64::from(BATCH),
+            "{BATCH} separate sends rang only {one_by_one} doorbells"
+        );
+        // The batch's sends share one doorbell; receive-queue refills add at most a few.
+        assert!(
+            batched <= u64::from(BATCH) / 4,
+            "a batch of {BATCH} rang {batched} doorbells"
+        );
+        drop((tx, rx, stx));
     });
 }
 
