@@ -177,7 +177,7 @@ fn rpc(n: usize, cpu: usize) -> f64 {
             client.close().await.expect("close");
             us
         });
-        // The client's reader task, and with it the connection, ends with the runtime.
+        // The client, and with it the connection, ends with the runtime.
         drop(rt);
         us
     })

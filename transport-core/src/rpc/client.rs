@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{oneshot, Semaphore};
-use tokio::task::JoinHandle;
 
 /// Client settings.
 ///
@@ -122,8 +121,35 @@ struct Writer<S> {
     in_flight: Option<Write<S>>,
 }
 
+/// A receiving half whose `recv` can be called without naming its type (the client is generic
+/// over the sender only).
+trait DynReceiver: Send {
+    fn recv_boxed(
+        &mut self,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<Message>, TransportError>> + Send + '_>>;
+}
+
+impl<R: MessageReceiver> DynReceiver for R {
+    fn recv_boxed(
+        &mut self,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<Message>, TransportError>> + Send + '_>> {
+        Box::pin(self.recv())
+    }
+}
+
+/// What one read of the receiving half gave.
+enum Read {
+    /// The answer to a call (or a late one, to a call that is gone: dropped).
+    Reply(u64, Reply),
+    /// The connection is done for: every pending call has been failed.
+    Ended,
+}
+
 struct Shared<S> {
     writer: tokio::sync::Mutex<Writer<S>>,
+    /// The receiving half. No task owns it: whoever waits for a reply (or for a write the
+    /// peer does not drain) takes it and reads, and hands the replies of other calls over.
+    inbox: tokio::sync::Mutex<Box<dyn DynReceiver>>,
     outbox: Mutex<Outbox>,
     /// Every message with a ticket up to this one has been taken by the transport.
     written: AtomicU64,
@@ -170,10 +196,12 @@ impl<S> Shared<S> {
         removed
     }
 
+    /// Hands a reply read on one task over to the call waiting for it on another.
     fn complete(&self, id: u64, reply: Reply) {
         let tx = self.state().pending.remove(&id);
         if let Some(tx) = tx {
             self.metrics.in_flight.exit();
+            self.metrics.handoffs.incr();
             let _ = tx.send(reply);
         }
         // Unknown id: a call that timed out or was cancelled; its late answer is dropped.
@@ -192,6 +220,108 @@ impl<S> Shared<S> {
             let _ = tx.send(Err(err.clone()));
         }
         self.slots.close();
+    }
+
+    /// Reads one message: a reply, or the end of the connection (every pending call failed).
+    /// Cancel safe: the receiver's `recv` is, and nothing after it awaits.
+    async fn read_one(&self, rx: &mut dyn DynReceiver) -> Read {
+        let err = match rx.recv_boxed().await {
+            Ok(Some(msg)) => match decode_reply(msg) {
+                Ok((id, reply)) => return Read::Reply(id, reply),
+                Err(e) => e,
+            },
+            Ok(None) => RpcError::ConnectionClosed,
+            Err(TransportError::MessageTooLarge { len, max, header }) => {
+                match RpcHeader::decode(header.as_slice()) {
+                    Ok(h) => {
+                        return Read::Reply(
+                            h.request_id,
+                            Err(RpcError::ResponseTooLarge { len, max }),
+                        )
+                    }
+                    Err(e) => RpcError::from(e),
+                }
+            }
+            Err(e) => RpcError::from(e),
+        };
+        tracing::debug!(error = %err, "rpc client connection ended");
+        self.fail_all(err);
+        Read::Ended
+    }
+
+    /// Waits for the reply to call `id`: takes the receiving half and reads on this task, so
+    /// a lone call's reply wakes its caller directly (no hop through a reader task); replies
+    /// to other calls read meanwhile are handed over to them. While another task reads, waits
+    /// for it to hand the reply over, or to leave the receiver to this call. `None` when the
+    /// client is going away without an answer.
+    async fn wait_reply(&self, id: u64, rx: &mut oneshot::Receiver<Reply>) -> Option<Reply> {
+        let mut inbox = tokio::select! {
+            biased;
+            r = &mut *rx => return r.ok(),
+            g = self.inbox.lock() => g,
+        };
+        loop {
+            match rx.try_recv() {
+                Ok(r) => return Some(r),
+                Err(oneshot::error::TryRecvError::Closed) => return None,
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+            match self.read_one(&mut **inbox).await {
+                Read::Reply(rid, reply) if rid == id => {
+                    if self.forget(id) {
+                        return Some(reply);
+                    }
+                }
+                Read::Reply(rid, reply) => self.complete(rid, reply),
+                Read::Ended => {
+                    drop(inbox);
+                    // `fail_all` has answered this call with the connection's error.
+                    return rx.await.ok();
+                }
+            }
+        }
+    }
+
+    /// Awaits `fut` (a write), reading replies meanwhile while no one else reads them: a peer
+    /// that stops reading requests until its replies are taken must not stall the write.
+    async fn read_while<F: Future + Unpin>(&self, fut: &mut F) -> F::Output {
+        let mut inbox = tokio::select! {
+            biased;
+            out = &mut *fut => return out,
+            g = self.inbox.lock() => g,
+        };
+        loop {
+            let read = tokio::select! {
+                biased;
+                out = &mut *fut => return out,
+                r = self.read_one(&mut **inbox) => r,
+            };
+            match read {
+                Read::Reply(id, reply) => self.complete(id, reply),
+                Read::Ended => {
+                    drop(inbox);
+                    return fut.await;
+                }
+            }
+        }
+    }
+}
+
+/// A reply's call id and outcome; an error when the message is no reply.
+fn decode_reply(msg: Message) -> Result<(u64, Reply), RpcError> {
+    let h = RpcHeader::decode(msg.header.as_slice())?;
+    h.check_payload(msg.payload.len())?;
+    match h.kind {
+        Kind::Response => Ok((h.request_id, Ok(msg.payload))),
+        Kind::Error => Ok((
+            h.request_id,
+            Err(RpcError::Remote(Status::decode(&msg.payload))),
+        )),
+        other => Err(ProtocolError::UnexpectedKind {
+            from: "server",
+            kind: other,
+        }
+        .into()),
     }
 }
 
@@ -265,7 +395,7 @@ impl<S: MessageSender> Shared<S> {
             shared: self,
             armed: true,
         };
-        let (sender, upto, result) = write.await;
+        let (sender, upto, result) = self.read_while(write).await;
         finish.armed = false;
         writer.in_flight = None;
         writer.sender = Some(sender);
@@ -302,15 +432,6 @@ impl<S: MessageSender> Drop for FinishOnDrop<'_, S> {
     }
 }
 
-/// Aborts the reader task when the last client handle goes away.
-struct ReaderTask(JoinHandle<()>);
-
-impl Drop for ReaderTask {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// An RPC client over one connection. Cheap to clone; clones share the connection and may call
 /// concurrently (that is how requests are pipelined).
 ///
@@ -335,24 +456,27 @@ impl Drop for ReaderTask {
 /// turn of the runtime finish, so calls started together leave together. No writer task, and
 /// a lone call (nothing else in flight) is written at once.
 ///
-/// Must be created inside a tokio runtime: a task reads the responses. When the connection
-/// dies, every pending call fails with [`RpcError::ConnectionClosed`] or
-/// [`RpcError::ConnectionLost`], and so does every later call.
+/// Replies are read by the calls that wait for them (leader/followers, as in classic ORBs),
+/// not by a reader task: a waiting call takes the receiving half and reads on its own task;
+/// replies to other calls that it reads are handed over to them (counted in
+/// [`Metrics::handoffs`]), and once it has its own it leaves the receiver to the next waiting
+/// call. A lone call (a ping loop) thus reads its reply itself: the reply wakes the caller
+/// directly, with no hop through another task. A write the peer does not drain reads replies
+/// meanwhile, so a peer that waits for its replies to be taken cannot stall it. With no call
+/// waiting nothing reads: a connection that died while idle fails the next call (its write or
+/// its read).
 ///
-/// Make latency-critical calls from a spawned task: the response reader wakes the caller, and
-/// waking the future a current-thread runtime's `block_on` runs (rather than a task) costs
-/// that runtime an extra `epoll_wait` per call (measured: +1 system call per ping, ~5% of a
-/// loopback round trip).
+/// When the connection dies, every pending call fails with [`RpcError::ConnectionClosed`] or
+/// [`RpcError::ConnectionLost`], and so does every later call. Calls run on a tokio runtime
+/// (a cancelled call's cancel is sent from a spawned task).
 pub struct RpcClient<S: MessageSender> {
     shared: Arc<Shared<S>>,
-    _reader: Arc<ReaderTask>,
 }
 
 impl<S: MessageSender> Clone for RpcClient<S> {
     fn clone(&self) -> Self {
         RpcClient {
             shared: self.shared.clone(),
-            _reader: self._reader.clone(),
         }
     }
 }
@@ -372,6 +496,7 @@ impl<S: MessageSender> RpcClient<S> {
                 sender: Some(sender),
                 in_flight: None,
             }),
+            inbox: tokio::sync::Mutex::new(Box::new(receiver)),
             outbox: Mutex::new(Outbox {
                 queue: Vec::new(),
                 queued: 0,
@@ -387,11 +512,7 @@ impl<S: MessageSender> RpcClient<S> {
             metrics,
             config,
         });
-        let reader = tokio::spawn(read_responses(receiver, shared.clone()));
-        RpcClient {
-            shared,
-            _reader: Arc::new(ReaderTask(reader)),
-        }
+        RpcClient { shared }
     }
 
     /// Calls `method` and waits for its response (with the default deadline, if configured).
@@ -429,7 +550,7 @@ impl<S: MessageSender> RpcClient<S> {
             .acquire()
             .await
             .map_err(|_| self.closed_error())?;
-        let (id, rx) = self.shared.register()?;
+        let (id, mut rx) = self.shared.register()?;
         let mut guard = PendingCall {
             shared: &self.shared,
             id,
@@ -440,12 +561,12 @@ impl<S: MessageSender> RpcClient<S> {
         self.shared
             .send(Message::new(HeaderBytes::from(header.encode()), payload))
             .await?;
-        let reply = rx.await;
+        let reply = self.shared.wait_reply(id, &mut rx).await;
         guard.armed = false;
         match reply {
-            Ok(r) => r,
-            // The reader dropped the sender without an answer: the client is going away.
-            Err(_) => Err(self.closed_error()),
+            Some(r) => r,
+            // The call was dropped from the table without an answer: the client is going away.
+            None => Err(self.closed_error()),
         }
     }
 
@@ -566,54 +687,13 @@ impl<S: MessageSender> Drop for PendingCall<'_, S> {
     }
 }
 
-async fn read_responses<R: MessageReceiver, S>(mut rx: R, shared: Arc<Shared<S>>) {
-    let err = loop {
-        let msg = match rx.recv().await {
-            Ok(Some(msg)) => msg,
-            Ok(None) => break RpcError::ConnectionClosed,
-            Err(TransportError::MessageTooLarge { len, max, header }) => {
-                match RpcHeader::decode(header.as_slice()) {
-                    Ok(h) => {
-                        shared.complete(h.request_id, Err(RpcError::ResponseTooLarge { len, max }))
-                    }
-                    Err(e) => break RpcError::from(e),
-                }
-                continue;
-            }
-            Err(e) => break RpcError::from(e),
-        };
-        let h = match RpcHeader::decode(msg.header.as_slice()) {
-            Ok(h) => h,
-            Err(e) => break e.into(),
-        };
-        if let Err(e) = h.check_payload(msg.payload.len()) {
-            break e.into();
-        }
-        match h.kind {
-            Kind::Response => shared.complete(h.request_id, Ok(msg.payload)),
-            Kind::Error => shared.complete(
-                h.request_id,
-                Err(RpcError::Remote(Status::decode(&msg.payload))),
-            ),
-            other => {
-                break ProtocolError::UnexpectedKind {
-                    from: "server",
-                    kind: other,
-                }
-                .into();
-            }
-        }
-    };
-    tracing::debug!(error = %err, "rpc client connection ended");
-    shared.fail_all(err);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::rpc::test_util::{gated_echo_server, Duplex, Gated};
     use std::task::Poll;
     use std::time::Duration;
+    use tokio::task::JoinHandle;
 
     /// Waits until `n` messages sit in the client's outbox (their callers wait for the writer).
     async fn queued(client: &RpcClient<impl MessageSender>, n: usize) {
@@ -978,6 +1058,141 @@ mod tests {
             .await
             .expect("the call ends");
         assert!(matches!(next, Err(e) if e.is_connection_error()));
+        drop(client);
+        let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+    }
+
+    /// A lone call reads its reply on its own task (no hand-over from another task); a reply
+    /// that overtakes another call's is handed over to that call by the one that read it.
+    #[tokio::test]
+    async fn a_lone_call_reads_its_own_reply_and_an_overtaking_reply_is_handed_over() {
+        let (client_end, server_end) = Duplex::pair(1 << 20);
+        let client = RpcClient::new(client_end, ClientConfig::default());
+        let (open, serving) = gated_echo_server(server_end);
+        open.send(true).expect("handlers run");
+        for i in 0..100u8 {
+            let reply = tokio::time::timeout(
+                Duration::from_secs(10),
+                client.call(1, Bytes::from(vec![i])),
+            )
+            .await
+            .expect("the call ends")
+            .expect("call");
+            assert_eq!(reply, vec![i]);
+        }
+        assert_eq!(
+            client.metrics().snapshot().handoffs,
+            0,
+            "lone calls read their own replies"
+        );
+        drop(client);
+        let _ = tokio::time::timeout(Duration::from_secs(10), serving).await;
+
+        // Two calls; the server answers the second first.
+        let (client_end, server_end) = Duplex::pair(1 << 20);
+        let client = RpcClient::new(client_end, ClientConfig::default());
+        let (mut tx, mut rx) = server_end.split();
+        let server = tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for _ in 0..2 {
+                let m = rx.recv().await.expect("recv").expect("a request");
+                ids.push(
+                    RpcHeader::decode(m.header.as_slice())
+                        .expect("header")
+                        .request_id,
+                );
+            }
+            for (id, body) in [(ids[1], b"second"), (ids[0], b"first_")] {
+                let h = RpcHeader::new(Kind::Response, 1, id, body.len());
+                tx.send(Message::new(
+                    HeaderBytes::from(h.encode()),
+                    Bytes::from_static(body),
+                ))
+                .await
+                .expect("reply");
+            }
+            rx.recv().await
+        });
+        let calls = start_calls(&client, 2).await;
+        let mut replies = Vec::new();
+        for call in calls {
+            let reply = tokio::time::timeout(Duration::from_secs(10), call)
+                .await
+                .expect("the call ends")
+                .expect("task")
+                .expect("call");
+            replies.push(reply);
+        }
+        assert_eq!(replies, [&b"first_"[..], &b"second"[..]]);
+        assert_eq!(
+            client.metrics().snapshot().handoffs,
+            1,
+            "the first call read both"
+        );
+        drop(client);
+        let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+    }
+
+    /// A server that writes a large late reply (to a call that gave up) and reads nothing
+    /// until that reply is taken, while the client writes a large request: the write reads
+    /// the late reply meanwhile, so neither side waits for the other forever.
+    #[tokio::test]
+    async fn a_write_the_server_does_not_drain_reads_replies_meanwhile() {
+        const BIG: usize = 4 << 20; // four times the in-memory pipe's capacity
+        let (client_end, server_end) = Duplex::pair(8 << 20);
+        let client = RpcClient::new(client_end, ClientConfig::default());
+        let (mut tx, mut rx) = server_end.split();
+        let (gave_up_tx, gave_up_rx) = oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            let a = rx.recv().await.expect("recv").expect("call a");
+            let a = RpcHeader::decode(a.header.as_slice()).expect("header");
+            gave_up_rx.await.expect("the client gives up on a");
+            // The late reply to `a`: this send waits until the client reads it, and nothing
+            // is read from the client meanwhile.
+            let late = RpcHeader::new(Kind::Response, 1, a.request_id, BIG);
+            tx.send(Message::new(
+                HeaderBytes::from(late.encode()),
+                Bytes::from(vec![7u8; BIG]),
+            ))
+            .await
+            .expect("the late reply is taken");
+            loop {
+                let m = rx.recv().await.expect("recv").expect("call b");
+                let h = RpcHeader::decode(m.header.as_slice()).expect("header");
+                if h.kind != Kind::Request {
+                    continue; // a's cancel
+                }
+                let reply = RpcHeader::new(Kind::Response, 1, h.request_id, 2);
+                tx.send(Message::new(
+                    HeaderBytes::from(reply.encode()),
+                    Bytes::from_static(b"ok"),
+                ))
+                .await
+                .expect("reply b");
+                break;
+            }
+            rx.recv().await
+        });
+        let gave_up = client
+            .call_with(
+                1,
+                Bytes::new(),
+                CallOptions::deadline(Duration::from_millis(10)),
+            )
+            .await;
+        assert!(
+            matches!(gave_up, Err(RpcError::DeadlineExceeded(_))),
+            "{gave_up:?}"
+        );
+        gave_up_tx.send(()).expect("server waits");
+        let b = tokio::time::timeout(
+            Duration::from_secs(10),
+            client.call(1, Bytes::from(vec![1u8; BIG])),
+        )
+        .await
+        .expect("the large call is not stuck behind the late reply")
+        .expect("call b");
+        assert_eq!(b, Bytes::from_static(b"ok"));
         drop(client);
         let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
     }
