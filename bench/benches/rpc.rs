@@ -90,8 +90,7 @@ fn round_trips<T: Transport + Clone>(
     });
     g.bench_function("rpc_void", |b| {
         b.iter_custom(|iters| {
-            // In a spawned task, as an application would call (a `block_on` future woken
-            // by the runtime's I/O driver costs it an extra epoll_wait per call).
+            // In a spawned task, as an application would call.
             let client = client.clone();
             rt.block_on(rt.spawn(async move {
                 let start = Instant::now();
