@@ -649,9 +649,10 @@ pub struct CostFigures {
     /// Context switches (whole process) per call: every one is a thread going to sleep on a
     /// socket or completion and being woken again.
     pub context_switches_per_call: f64,
-    /// Received messages a transport's background task handed to the waiting task, per call,
-    /// client and (in local mode) server (verbs: replies the connection's driver took from the
-    /// device while the receiver was not polling it itself).
+    /// Received messages handed from one task to the waiting one, per call, client and (in
+    /// local mode) server (`Metrics::handoffs`: verbs replies the connection's driver took from
+    /// the device while the receiver was not polling it itself, and RPC replies one waiting
+    /// call read for another).
     #[serde(default)]
     pub handoffs_per_call: f64,
 }

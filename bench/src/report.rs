@@ -274,7 +274,7 @@ pub fn latency_verdict(t: &TransportReport) -> Option<String> {
             "{} latency: RPC p50 {:.1} µs = {:.2}x the link's busy-polled SEND ping-pong ({:.1} µs), raw {:.2}x; \
              CPU per round trip {:.1} µs for RPC, {:.1} raw, {:.1} link; system calls and doorbells per round trip {:.1} for RPC, {:.1} raw \
              (completion-channel arms and reads count: 0 when every reply came within the polling budget); \
-             messages handed from a driver task to the waiting task per round trip {:.2} for RPC, {:.2} raw (both sides; 0 when each was taken from the device on the task waiting for it).",
+             messages handed from another task to the waiting task per round trip {:.2} for RPC, {:.2} raw (both sides; 0 when each was taken from the device on the task waiting for it).",
             t.transport,
             p.rpc.p50_us,
             p.rpc.p50_us / os.p50_us.max(1e-9),

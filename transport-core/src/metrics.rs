@@ -89,9 +89,10 @@ pub struct Metrics {
     /// Times a sender waited because the peer had as many large (rendezvous) messages
     /// outstanding as it accepts (verbs).
     pub rendezvous_stalls: Counter,
-    /// Received messages a transport's background task took from the device and handed to
-    /// the receiving task, each a task wake-up on the way (verbs: taken by the connection's
-    /// driver while the receiving half was not polling the device itself).
+    /// Received messages handed from one task to another, each a task wake-up on the way:
+    /// verbs counts those its connection's driver took from the device while the receiving
+    /// half was not polling it itself; the RPC client counts replies that one waiting call
+    /// read and handed over to another (a lone call reads its own: none).
     pub handoffs: Counter,
     /// RPC calls in flight on this connection (maintained by the RPC client).
     pub in_flight: LevelGauge,
