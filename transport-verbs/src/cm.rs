@@ -28,6 +28,8 @@ pub(crate) struct Resources {
     pub(crate) device: String,
     /// Counts this connection in its domain; dropped after the endpoint.
     pub(crate) member: Member,
+    /// RDMA READs the queue pair keeps outstanding and serves at once (announced in HELLO).
+    pub(crate) read_depth: u8,
 }
 
 /// Where a connection's queue pair receives.
@@ -308,6 +310,7 @@ fn resources(
         metrics,
         device,
         member,
+        read_depth: domain.read_depth,
     })
 }
 
@@ -344,6 +347,12 @@ fn to_state(
             // queue a burst across many connections can find it empty for a moment; the
             // sender's device then retries (rnr_retry 7: without limit) after this delay.
             attr.setup_min_rnr_timer(MIN_RNR_TIMER);
+            // rdma_cm's default conn_param serves one READ at a time; the engine keeps no
+            // more READs in flight than the peer announces it serves (HELLO).
+            attr.setup_max_dest_read_atomic(r.read_depth);
+        }
+        if state == QueuePairState::ReadyToSend {
+            attr.setup_max_read_atomic(r.read_depth);
         }
         attr
     };

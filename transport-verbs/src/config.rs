@@ -43,7 +43,13 @@ pub struct VerbsConfig {
     /// Size of one RDMA READ of a rendezvous transfer.
     pub rendezvous_chunk: usize,
     /// RDMA READs in flight per connection (sends queued behind them wait for at most this many).
+    /// Also bounded by the READs the peer's queue pair serves at once (its `read_depth`).
     pub rendezvous_window: usize,
+    /// RDMA READs a queue pair keeps outstanding on the wire and serves at once as their
+    /// target (`max_rd_atomic` and `max_dest_rd_atomic`), within the device's limits
+    /// (`max_qp_init_rd_atom`, `max_qp_rd_atom`; rxe: 128). Announced to the peer in HELLO,
+    /// which keeps no more READs in flight towards this side. 1..=255.
+    pub read_depth: usize,
     /// Incoming rendezvous transfers (large messages) a peer may have outstanding on one
     /// connection, announced to it; a peer that sends more breaks the protocol. Bounds the
     /// READ targets this side allocates for a peer (with `max_rendezvous_in_bytes`).
@@ -101,6 +107,7 @@ impl Default for VerbsConfig {
             zero_copy_recv_min: 4096,
             rendezvous_chunk: 1 << 20,
             rendezvous_window: 4,
+            read_depth: 16,
             max_rendezvous_in: 16,
             max_rendezvous_in_bytes: 64 << 20,
             max_rendezvous_out: 16,
@@ -147,6 +154,9 @@ impl VerbsConfig {
         if self.send_depth < 8 {
             return Err(VerbsError::Config("send_depth must be at least 8"));
         }
+        if !(1..=255).contains(&self.read_depth) {
+            return Err(VerbsError::Config("read_depth must be within 1..=255"));
+        }
         if self.rendezvous_chunk == 0 || self.rendezvous_window == 0 {
             return Err(VerbsError::Config(
                 "rendezvous_chunk and rendezvous_window must be above 0",
@@ -190,6 +200,7 @@ impl VerbsConfig {
             handshake_timeout: self.handshake_timeout,
             rendezvous_timeout: self.rendezvous_timeout,
             linger: self.linger,
+            read_depth: self.read_depth as u32,
         }
     }
 

@@ -194,7 +194,9 @@ pub(crate) fn start(
     let (dtx, drx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared::default());
     let caps = cfg.capabilities();
-    let engine = Engine::new(cfg.engine_config(), res.metrics.clone(), Instant::now());
+    let mut engine_cfg = cfg.engine_config();
+    engine_cfg.read_depth = u32::from(res.read_depth);
+    let engine = Engine::new(engine_cfg, res.metrics.clone(), Instant::now());
     let core = Arc::new(Mutex::new(Core {
         ep: Some(res.ep),
         engine,

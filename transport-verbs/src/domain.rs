@@ -27,6 +27,9 @@ pub(crate) struct Domain {
     /// The shared receive queue of the transport's connections on this device (`srq_depth`
     /// buffers of `recv_buf_size()` from the pool), if configured.
     pub(crate) srq: Option<Arc<Srq<PoolBuf>>>,
+    /// RDMA READs a queue pair keeps outstanding and serves at once: `read_depth` within the
+    /// device's limits.
+    pub(crate) read_depth: u8,
     /// Bytes registered by connections for themselves (their send slots), right now.
     own: Arc<AtomicUsize>,
     /// Bytes of pool buffers posted as receive buffers by connections, right now.
@@ -161,10 +164,17 @@ impl Domains {
         } else {
             None
         };
+        let attr = ctx.query_device().map_err(std::io::Error::other)?;
+        let device_reads = attr.max_qp_rd_atom().min(attr.max_qp_init_rd_atom());
+        let read_depth = cfg
+            .read_depth
+            .min(usize::try_from(device_reads).unwrap_or(1))
+            .clamp(1, 255) as u8;
         let d = Arc::new(Domain {
             pd,
             pool,
             srq,
+            read_depth,
             own: Arc::default(),
             posted: Arc::default(),
             connections: Arc::default(),

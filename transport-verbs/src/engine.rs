@@ -65,6 +65,8 @@ pub(crate) const MIN_DEPTH: u32 = 4;
 pub(crate) const MAX_DEPTH: u32 = 16_384;
 /// Largest number of outstanding rendezvous transfers a peer may announce.
 pub(crate) const MAX_RNDV_COUNT: u32 = 4096;
+/// Most RDMA READs a peer may announce it serves at once (the QP attribute is a u8).
+pub(crate) const MAX_READ_DEPTH: u32 = 255;
 /// Most work requests one [`Work`] item posts (an RTS: window bind + SEND).
 pub(crate) const MAX_WRS_PER_WORK: usize = 2;
 
@@ -100,6 +102,9 @@ pub(crate) struct EngineConfig {
     pub(crate) rendezvous_timeout: Duration,
     /// How long a connection whose halves are both gone waits without any progress.
     pub(crate) linger: Duration,
+    /// RDMA READs this side's queue pair serves at once as their target (its responder
+    /// resources), announced in HELLO: the peer keeps no more in flight towards it.
+    pub(crate) read_depth: u32,
 }
 
 impl EngineConfig {
@@ -239,6 +244,8 @@ struct Peer {
     depth: u32,
     rndv_count: u32,
     rndv_bytes: u64,
+    /// RDMA READs its queue pair serves at once: this side keeps no more in flight.
+    reads: u32,
 }
 
 enum Out<P> {
@@ -634,10 +641,18 @@ impl<P> Engine<P> {
     }
 
     fn check_hello(&self, th: &Th) -> Result<Peer, ProtocolViolation> {
-        if th.addr != VERSION {
+        let version = th.addr & u64::from(u32::MAX);
+        if version != VERSION {
             return Err(ProtocolViolation::Version {
-                got: th.addr,
+                got: version,
                 want: VERSION,
+            });
+        }
+        let reads = (th.addr >> 32) as u32;
+        if !(1..=MAX_READ_DEPTH).contains(&reads) {
+            return Err(ProtocolViolation::PeerReadDepth {
+                reads,
+                max: MAX_READ_DEPTH,
             });
         }
         if !(MIN_PEER_BUF..=MAX_PEER_BUF).contains(&th.len) {
@@ -666,6 +681,7 @@ impl<P> Engine<P> {
             depth: th.id,
             rndv_count: th.rkey,
             rndv_bytes: th.aux as u64 * 1024,
+            reads,
         })
     }
 
@@ -755,6 +771,7 @@ impl<P> Engine<P> {
                 self.cfg.recv_buf_size as u64,
                 self.cfg.max_rendezvous_in,
                 self.cfg.announced_rndv_kib(),
+                self.cfg.read_depth.clamp(1, MAX_READ_DEPTH),
             );
             self.hello_sent = true;
             return Some(self.control(th));
@@ -877,7 +894,10 @@ impl<P> Engine<P> {
     }
 
     fn next_read(&mut self) -> Option<ReadChunk> {
-        if self.reads_in_flight >= self.cfg.rendezvous_window.max(1) {
+        // No more than the window, nor than the peer's queue pair serves at once: a READ
+        // beyond its responder resources would fail the connection.
+        let serves = self.peer.map_or(1, |p| p.reads as usize);
+        if self.reads_in_flight >= self.cfg.rendezvous_window.max(1).min(serves) {
             return None;
         }
         let &tag = self.read_queue.front()?;

@@ -322,6 +322,14 @@ pub enum ProtocolViolation {
         /// Largest accepted count.
         max_count: u32,
     },
+    /// A HELLO announcing that the peer serves no RDMA READ, or more than a queue pair can.
+    #[error("the peer's HELLO announces {reads} RDMA READs served at once (accepted: 1..={max})")]
+    PeerReadDepth {
+        /// Announced READs.
+        reads: u32,
+        /// Largest accepted.
+        max: u32,
+    },
     /// Anything but a HELLO as the peer's first message.
     #[error("a {kind} message before the peer's HELLO")]
     BeforeHello {

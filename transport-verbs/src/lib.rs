@@ -58,9 +58,12 @@
 //!
 //! - **Handshake.** Receive buffers of `recv_buf_size()` bytes are posted before the peer can
 //!   send (see *Receive buffers*). Each side starts with one credit, spent on a HELLO that
-//!   announces the protocol version, its buffer size and credit depth (`recv_depth`), and how
-//!   many rendezvous transfers (and bytes) it accepts outstanding, and grants the other
-//!   `recv_depth - 1` credits. Nothing else may come first; a peer that sends no HELLO within
+//!   announces the protocol version (3), its buffer size and credit depth (`recv_depth`), how
+//!   many rendezvous transfers (and bytes) it accepts outstanding and how many RDMA READs its
+//!   queue pair serves at once (`read_depth`, 16 by default within the device's limits; it
+//!   sets the QP's `max_rd_atomic` and `max_dest_rd_atomic`, where rdma_cm's default is 1),
+//!   and grants the other `recv_depth - 1` credits. A side keeps no more READs in flight than
+//!   the peer serves. Nothing else may come first; a peer that sends no HELLO within
 //!   `handshake_timeout` fails the connection.
 //! - **Credits.** Every SEND consumes one credit; every received SEND's buffer is posted again
 //!   at once and its credit returned on the next outgoing header, or by a CREDIT message when a

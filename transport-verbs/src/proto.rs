@@ -8,7 +8,8 @@
 //!  2  u16  credits   receive buffers the sender has re-posted since its last grant
 //!  4  u32  id        RTS, FIN: rendezvous id;      HELLO: receive buffers posted (queue depth)
 //!  8  u64  len       EAGER, RTS: payload length;   HELLO: receive buffer size
-//! 16  u64  addr      RTS: address of the payload;  HELLO: protocol version
+//! 16  u64  addr      RTS: address of the payload;  HELLO: protocol version (low 32 bits)
+//!                    and the RDMA READs the sender serves outstanding (high 32 bits)
 //! 24  u32  rkey      RTS: remote key (a memory window bound to this connection's QP);
 //!                    HELLO: rendezvous transfers the sender accepts outstanding
 //! 28  u32  aux       HELLO: rendezvous bytes (KiB) the sender accepts outstanding; else 0
@@ -25,8 +26,9 @@ use crate::error::ProtocolViolation;
 /// Length of the transport header.
 pub(crate) const TH_LEN: usize = 32;
 /// Protocol version carried by HELLO. 2: HELLO announces the queue depth and the rendezvous
-/// limits; rendezvous sources are memory windows.
-pub(crate) const VERSION: u64 = 2;
+/// limits; rendezvous sources are memory windows. 3: HELLO also announces the RDMA READs the
+/// sender's queue pair serves outstanding (its responder resources).
+pub(crate) const VERSION: u64 = 3;
 
 /// Message kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,13 +80,14 @@ impl Th {
         }
     }
 
-    /// A HELLO: this side's receive queue (`depth` buffers of `buf_size` bytes) and the
-    /// rendezvous transfers (`count`, `kib` KiB) it accepts outstanding.
-    pub(crate) fn hello(depth: u32, buf_size: u64, count: u32, kib: u32) -> Th {
+    /// A HELLO: this side's receive queue (`depth` buffers of `buf_size` bytes), the
+    /// rendezvous transfers (`count`, `kib` KiB) it accepts outstanding, and the RDMA READs
+    /// (`reads`) its queue pair serves at once.
+    pub(crate) fn hello(depth: u32, buf_size: u64, count: u32, kib: u32, reads: u32) -> Th {
         Th {
             id: depth,
             len: buf_size,
-            addr: VERSION,
+            addr: VERSION | (u64::from(reads) << 32),
             rkey: count,
             aux: kib,
             ..Th::new(Kind::Hello)

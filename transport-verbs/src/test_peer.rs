@@ -41,11 +41,11 @@ pub mod wire {
     pub const PROTOCOL_VERSION: u64 = VERSION;
 
     /// A valid HELLO: receive queue `depth` buffers of `buf_size` bytes, `depth - 1` credits,
-    /// rendezvous limits of `count` transfers and `kib` KiB.
+    /// rendezvous limits of `count` transfers and `kib` KiB, one RDMA READ served at a time.
     pub fn hello(depth: u32, buf_size: u64, count: u32, kib: u32) -> Vec<u8> {
         let th = Th {
             credits: depth.saturating_sub(1).min(u16::MAX as u32) as u16,
-            ..Th::hello(depth, buf_size, count, kib)
+            ..Th::hello(depth, buf_size, count, kib, 1)
         };
         encode(th, &[], &[])
     }

@@ -52,7 +52,10 @@ async fn handshake(
     let hello = peer.hello();
     peer.send(&[hello]).expect("send HELLO");
     let h = peer.recv_kind(HELLO, WAIT).await.expect("server HELLO");
-    assert_eq!(h.addr, wire::PROTOCOL_VERSION);
+    // The version, and the RDMA READs the server's queue pair serves (the default
+    // `read_depth`, within rxe's limit of 128).
+    assert_eq!(h.addr & u64::from(u32::MAX), wire::PROTOCOL_VERSION);
+    assert_eq!(h.addr >> 32, VerbsConfig::default().read_depth as u64);
     (peer, conn)
 }
 

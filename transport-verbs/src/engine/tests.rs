@@ -39,6 +39,7 @@ fn cfg() -> EngineConfig {
         handshake_timeout: Duration::from_secs(10),
         rendezvous_timeout: Duration::from_secs(30),
         linger: Duration::from_secs(10),
+        read_depth: 4,
     }
 }
 
@@ -54,7 +55,7 @@ fn encode(th: Th, header: &[u8], payload: &[u8]) -> Buf {
 fn hello(credits: u16) -> Th {
     Th {
         credits,
-        ..Th::hello(DEPTH, BUF as u64, 4, 64)
+        ..Th::hello(DEPTH, BUF as u64, 4, 64, 4)
     }
 }
 
@@ -134,7 +135,12 @@ fn hello_is_sent_first_and_announces_our_limits() {
     assert_eq!(th.kind, Kind::Hello);
     assert_eq!(th.id, DEPTH);
     assert_eq!(th.len, BUF as u64);
-    assert_eq!(th.addr, VERSION);
+    assert_eq!(th.addr & u64::from(u32::MAX), VERSION);
+    assert_eq!(
+        th.addr >> 32,
+        4,
+        "the READs this side serves: cfg().read_depth"
+    );
     assert_eq!((th.rkey, th.aux), (4, 64));
     assert_eq!(th.credits as u32, DEPTH - 1);
     // Nothing else before the peer's HELLO, even with a message queued.
@@ -199,7 +205,24 @@ fn hello_fields_are_checked() {
         assert!(want(&v), "{v:?}");
     };
     check(&|t| t.addr = 1, &|v| {
-        matches!(v, ProtocolViolation::Version { got: 1, want: 2 })
+        matches!(
+            v,
+            ProtocolViolation::Version {
+                got: 1,
+                want: VERSION
+            }
+        )
+    });
+    // A version-2 peer (no READ depth announced) is refused by its version.
+    check(&|t| t.addr = 2 | (4 << 32), &|v| {
+        matches!(v, ProtocolViolation::Version { got: 2, .. })
+    });
+    // A peer that serves no READ, or more than a queue pair can.
+    check(&|t| t.addr = VERSION, &|v| {
+        matches!(v, ProtocolViolation::PeerReadDepth { reads: 0, .. })
+    });
+    check(&|t| t.addr = VERSION | (256 << 32), &|v| {
+        matches!(v, ProtocolViolation::PeerReadDepth { reads: 256, .. })
     });
     // A tiny receive buffer would force every message into rendezvous.
     check(&|t| t.len = 64, &|v| {
@@ -482,6 +505,31 @@ fn eager_traffic_never_needs_the_clock() {
         assert!(!e.needs_clock(), "no deadline armed by eager messages");
     }
     assert_eq!(e.poll_timeout(), None);
+}
+
+#[test]
+fn no_more_reads_in_flight_than_the_peer_serves() {
+    // The window allows two READs; the peer's queue pair serves one at a time.
+    let now = Instant::now();
+    let mut e = E::new(cfg(), Arc::new(Metrics::default()), now);
+    drain(&mut e);
+    let th = Th {
+        credits: DEPTH as u16 - 1,
+        ..Th::hello(DEPTH, BUF as u64, 4, 64, 1)
+    };
+    e.on_recv(encode(th, &[], &[])).expect("valid HELLO");
+    for id in 0..2 {
+        e.on_recv(rts(id, 8192, 0x10_0000 * (id as u64 + 1)))
+            .expect("within limits");
+    }
+    let mut done = 0;
+    while done < 4 {
+        let reads = reads_of(&mut e);
+        assert_eq!(reads.len(), 1, "one READ at a time (after {done} done)");
+        e.on_read_done(reads[0].tag, reads[0].len);
+        done += 1;
+    }
+    assert!(reads_of(&mut e).is_empty(), "four chunks of 4 KiB read");
 }
 
 #[test]
