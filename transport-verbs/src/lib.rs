@@ -115,7 +115,9 @@
 //!   event) the connection keeps polling the CQ for `poll_spin` (default 1 ms) before it arms
 //!   the completion channel and sleeps: a reply that comes within the budget costs no
 //!   completion event and no wake-up through the kernel. It yields to the runtime between
-//!   polls, so the application's tasks on the same thread keep running. An idle connection
+//!   polls (a receiver waiting for a message polls up to 64 times between two yields, from
+//!   the second turn of its wait on), so the application's tasks on the same thread keep
+//!   running. An idle connection
 //!   spins for at most `poll_spin` after its last activity, then sleeps. `busy_poll` spins
 //!   always.
 //! - **No task hop on the way.** The queue pair and the engine sit behind one lock that the
