@@ -1184,6 +1184,19 @@ impl std::fmt::Debug for VerbsReceiver {
 }
 
 impl VerbsReceiver {
+    /// Drains the CQ on this task if it holds anything; true when it did (the connection
+    /// then spins again, and the driver is woken if it must act on what was taken).
+    fn took_any(&self, core: &mut Core) -> bool {
+        if core.progress_if_any() == 0 {
+            return false;
+        }
+        core.active();
+        if core.driver_needs_kick() {
+            self.shared.kick.notify_one();
+        }
+        true
+    }
+
     /// The next delivery: taken from what was already delivered, else polled from the CQ on
     /// this task while the spin budget runs (the reply of a ping-pong then costs no hop
     /// through the driver), else awaited from the driver.
@@ -1201,11 +1214,7 @@ impl VerbsReceiver {
                     tokio::task::yield_now().await;
                     continue;
                 };
-                if core.progress_if_any() > 0 {
-                    core.active();
-                    if core.driver_needs_kick() {
-                        self.shared.kick.notify_one();
-                    }
+                if self.took_any(&mut core) {
                     continue;
                 }
                 let now = Instant::now();
@@ -1224,22 +1233,13 @@ impl VerbsReceiver {
             // From the second turn of this wait on: a few more polls before going through the
             // runtime. The first turn returns at once, so a caller that only looks whether a
             // message is there (the RPC server before it writes its replies) is not held.
-            let mut got = false;
-            if looked {
-                for _ in 0..TIGHT_POLLS {
+            let got = looked
+                && (0..TIGHT_POLLS).any(|_| {
                     std::hint::spin_loop();
-                    if let Ok(mut core) = self.core.try_lock() {
-                        if core.progress_if_any() > 0 {
-                            core.active();
-                            if core.driver_needs_kick() {
-                                self.shared.kick.notify_one();
-                            }
-                            got = true;
-                            break;
-                        }
-                    }
-                }
-            }
+                    self.core
+                        .try_lock()
+                        .is_ok_and(|mut core| self.took_any(&mut core))
+                });
             looked = true;
             if got {
                 continue;
