@@ -183,8 +183,9 @@ impl VerbsConfig {
 }
 
 impl VerbsConfig {
-    /// The engine's settings for this configuration.
-    pub(crate) fn engine_config(&self) -> engine::EngineConfig {
+    /// The engine's settings for this configuration, on a device that serves `read_depth`
+    /// READs at once (`read_depth` within the device's limits).
+    pub(crate) fn engine_config(&self, read_depth: u8) -> engine::EngineConfig {
         engine::EngineConfig {
             recv_depth: self.recv_depth as u32,
             recv_buf_size: self.recv_buf_size(),
@@ -200,7 +201,7 @@ impl VerbsConfig {
             handshake_timeout: self.handshake_timeout,
             rendezvous_timeout: self.rendezvous_timeout,
             linger: self.linger,
-            read_depth: self.read_depth as u32,
+            read_depth: u32::from(read_depth),
         }
     }
 

@@ -199,9 +199,11 @@ pub(crate) fn start(
     let (dtx, drx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared::default());
     let caps = cfg.capabilities();
-    let mut engine_cfg = cfg.engine_config();
-    engine_cfg.read_depth = u32::from(res.read_depth);
-    let engine = Engine::new(engine_cfg, res.metrics.clone(), Instant::now());
+    let engine = Engine::new(
+        cfg.engine_config(res.read_depth),
+        res.metrics.clone(),
+        Instant::now(),
+    );
     let core = Arc::new(Mutex::new(Core {
         ep: Some(res.ep),
         engine,
@@ -383,6 +385,15 @@ impl Core {
     /// connection should now spin, or the engine's deadline moved away from its timer.
     fn driver_needs_kick(&self) -> bool {
         (self.parked && self.spin_until.is_some()) || self.engine.poll_timeout() != self.timer_at
+    }
+
+    /// A half acted on the connection: keep spinning, and wake the driver if it must act too
+    /// ([`Core::driver_needs_kick`]).
+    fn acted(&mut self) {
+        self.active();
+        if self.driver_needs_kick() {
+            self.shared.kick.notify_one();
+        }
     }
 
     /// The sending half is gone: a dropped sender closes the sending direction.
@@ -1006,10 +1017,7 @@ impl VerbsSender {
                     if let Err(fail) = core.step() {
                         core.fail(fail);
                     }
-                    core.active();
-                    if core.driver_needs_kick() {
-                        self.shared.kick.notify_one();
-                    }
+                    core.acted();
                     return Ok(r);
                 }
                 // Full: the driver moves the connection on (spinning) until there is room.
@@ -1186,14 +1194,11 @@ impl std::fmt::Debug for VerbsReceiver {
 impl VerbsReceiver {
     /// Drains the CQ on this task if it holds anything; true when it did (the connection
     /// then spins again, and the driver is woken if it must act on what was taken).
-    fn took_any(&self, core: &mut Core) -> bool {
+    fn took_any(core: &mut Core) -> bool {
         if core.progress_if_any() == 0 {
             return false;
         }
-        core.active();
-        if core.driver_needs_kick() {
-            self.shared.kick.notify_one();
-        }
+        core.acted();
         true
     }
 
@@ -1214,7 +1219,7 @@ impl VerbsReceiver {
                     tokio::task::yield_now().await;
                     continue;
                 };
-                if self.took_any(&mut core) {
+                if Self::took_any(&mut core) {
                     continue;
                 }
                 let now = Instant::now();
@@ -1238,7 +1243,7 @@ impl VerbsReceiver {
                     std::hint::spin_loop();
                     self.core
                         .try_lock()
-                        .is_ok_and(|mut core| self.took_any(&mut core))
+                        .is_ok_and(|mut core| Self::took_any(&mut core))
                 });
             looked = true;
             if got {

@@ -641,14 +641,14 @@ impl<P> Engine<P> {
     }
 
     fn check_hello(&self, th: &Th) -> Result<Peer, ProtocolViolation> {
-        let version = th.addr & u64::from(u32::MAX);
+        let version = th.hello_version();
         if version != VERSION {
             return Err(ProtocolViolation::Version {
                 got: version,
                 want: VERSION,
             });
         }
-        let reads = (th.addr >> 32) as u32;
+        let reads = th.hello_reads();
         if !(1..=MAX_READ_DEPTH).contains(&reads) {
             return Err(ProtocolViolation::PeerReadDepth {
                 reads,

@@ -94,6 +94,16 @@ impl Th {
         }
     }
 
+    /// A HELLO's protocol version (the low half of `addr`).
+    pub(crate) fn hello_version(&self) -> u64 {
+        self.addr & u64::from(u32::MAX)
+    }
+
+    /// The RDMA READs a HELLO's sender serves at once (the high half of `addr`).
+    pub(crate) fn hello_reads(&self) -> u32 {
+        (self.addr >> 32) as u32
+    }
+
     /// Writes the header and `header` into `out` (at least `TH_LEN + header.len()` bytes);
     /// returns the bytes written.
     pub(crate) fn encode(&self, header: &HeaderBytes, out: &mut [u8]) -> usize {

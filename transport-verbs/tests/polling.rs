@@ -65,16 +65,20 @@ async fn ping_pong_costs(addr: std::net::SocketAddr, spin: Duration) -> Costs {
     }
 }
 
+/// One cost of the ping-pong in event mode (`poll_spin` 0), then within a 30 s spin budget.
+async fn in_both_modes(addr: std::net::SocketAddr, cost: impl Fn(&Costs) -> u64) -> (u64, u64) {
+    let events = ping_pong_costs(addr, Duration::ZERO).await;
+    let spinning = ping_pong_costs(addr, Duration::from_secs(30)).await;
+    (cost(&events), cost(&spinning))
+}
+
 #[test]
 fn replies_within_the_spin_budget_cost_no_completion_event() {
     let Some(addr) = common::listen_addr_or_skip("polling") else {
         return;
     };
     common::run(async move {
-        let events = ping_pong_costs(addr, Duration::ZERO).await.syscalls;
-        let spinning = ping_pong_costs(addr, Duration::from_secs(30))
-            .await
-            .syscalls;
+        let (events, spinning) = in_both_modes(addr, |c| c.syscalls).await;
         eprintln!(
             "client system calls over {ROUND_TRIPS} round trips: {events} with poll_spin 0 \
              (events), {spinning} with poll_spin 30 s"
@@ -98,10 +102,7 @@ fn replies_within_the_spin_budget_are_taken_on_the_receiving_task() {
         return;
     };
     common::run(async move {
-        let events = ping_pong_costs(addr, Duration::ZERO).await.handoffs;
-        let spinning = ping_pong_costs(addr, Duration::from_secs(30))
-            .await
-            .handoffs;
+        let (events, spinning) = in_both_modes(addr, |c| c.handoffs).await;
         eprintln!(
             "replies handed over by the driver in {ROUND_TRIPS} round trips: {events} with \
              poll_spin 0 (events), {spinning} with poll_spin 30 s"
