@@ -677,78 +677,58 @@ mod tests {
     use crate::rpc::RpcError;
     use crate::rpc::{ClientConfig, RpcClient};
 
-    /// Replies that become ready together leave in a few writes, not one write per call, and
-    /// each still reaches its own caller.
-    #[tokio::test]
-    async fn replies_ready_together_are_written_together() {
+    /// Starts `calls` echo calls of `size` bytes against a gated server, opens the gate once
+    /// every request has arrived, checks each reply, and returns the server's writes for them.
+    async fn writes_for_replies_ready_together(calls: u64, size: usize) -> u64 {
         let (client_end, server_end) = Duplex::pair(1 << 20);
         let server_metrics = server_end.metrics();
         let (open, serving) = gated_echo_server(server_end);
         let client = RpcClient::new(client_end, ClientConfig::default());
-        const CALLS: u64 = 64;
-        let calls: Vec<_> = (0..CALLS)
+        let tasks: Vec<_> = (0..calls)
             .map(|i| {
                 let c = client.clone();
                 tokio::spawn(async move {
-                    let p = Bytes::from(i.to_le_bytes().to_vec());
+                    let p = Bytes::from(vec![i as u8; size]);
                     (c.call(1, p.clone()).await, p)
                 })
             })
             .collect();
-        while server_metrics.snapshot().messages_received < CALLS {
+        while server_metrics.snapshot().messages_received < calls {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let before = server_metrics.snapshot();
         open.send(true).expect("handlers wait");
-        for call in calls {
-            let (reply, sent) = call.await.expect("task");
+        for task in tasks {
+            let (reply, sent) = task.await.expect("task");
             assert_eq!(reply.expect("call"), sent);
         }
         let after = server_metrics.snapshot();
-        assert_eq!(after.messages_sent - before.messages_sent, CALLS);
-        let writes = after.syscalls - before.syscalls;
-        assert!(writes <= 8, "{CALLS} replies took {writes} writes");
+        assert_eq!(after.messages_sent - before.messages_sent, calls);
         client.close().await.expect("close");
         serving.await.expect("task").expect("served");
+        after.syscalls - before.syscalls
+    }
+
+    /// Replies that become ready together leave in a few writes, not one write per call, and
+    /// each still reaches its own caller.
+    #[tokio::test]
+    async fn replies_ready_together_are_written_together() {
+        const CALLS: u64 = 64;
+        let writes = writes_for_replies_ready_together(CALLS, 8).await;
+        assert!(writes <= 8, "{CALLS} replies took {writes} writes");
     }
 
     /// Large replies that become ready together also leave together: eight 64 KiB replies
     /// take one or two writes, not one each (the batch holds up to `Replies::MAX_BYTES`).
     #[tokio::test]
     async fn large_replies_ready_together_are_written_together() {
-        let (client_end, server_end) = Duplex::pair(1 << 20);
-        let server_metrics = server_end.metrics();
-        let (open, serving) = gated_echo_server(server_end);
-        let client = RpcClient::new(client_end, ClientConfig::default());
         const CALLS: u64 = 8;
         const SIZE: usize = 64 << 10;
-        let calls: Vec<_> = (0..CALLS)
-            .map(|i| {
-                let c = client.clone();
-                tokio::spawn(async move {
-                    let p = Bytes::from(vec![i as u8; SIZE]);
-                    (c.call(1, p.clone()).await, p)
-                })
-            })
-            .collect();
-        while server_metrics.snapshot().messages_received < CALLS {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        let before = server_metrics.snapshot();
-        open.send(true).expect("handlers wait");
-        for call in calls {
-            let (reply, sent) = call.await.expect("task");
-            assert_eq!(reply.expect("call"), sent);
-        }
-        let after = server_metrics.snapshot();
-        assert_eq!(after.messages_sent - before.messages_sent, CALLS);
-        let writes = after.syscalls - before.syscalls;
+        let writes = writes_for_replies_ready_together(CALLS, SIZE).await;
         assert!(
             writes <= 2,
             "{CALLS} replies of {SIZE} bytes took {writes} writes"
         );
-        client.close().await.expect("close");
-        serving.await.expect("task").expect("served");
     }
 
     /// One request frame, as the client would write it.
