@@ -545,6 +545,40 @@ pub(crate) fn watch<T: AsRawFd>(
 
 /// A connected RC queue pair with its completion queue and channel, the owners of every
 /// buffer the device may still be using, and the memory windows that expose payloads.
+/// Work-request lists built for one post and kept for the next: once they have grown to the
+/// largest batch, posting allocates nothing (an allocation and its release cost more than the
+/// rest of a small send's path in the soft-RoCE guest; see docs/verbs.md). Empty between posts.
+#[derive(Default)]
+struct WrLists {
+    send: Vec<sys::ibv_send_wr>,
+    recv: Vec<sys::ibv_recv_wr>,
+    recv_sges: Vec<sys::ibv_sge>,
+}
+
+// SAFETY: the lists are emptied after every post, so the raw pointers their entries hold
+// during a post (into this endpoint's SGE lists and buffers) are never kept or dereferenced
+// afterwards, on any thread: only the allocations move with the endpoint.
+unsafe impl Send for WrLists {}
+
+impl WrLists {
+    /// Chains `recv` into a list, each entry pointing at its SGE in `recv_sges`.
+    fn link_recv(&mut self) {
+        let n = self.recv.len();
+        for i in 0..n {
+            self.recv[i].sg_list = &mut self.recv_sges[i];
+            if i + 1 < n {
+                self.recv[i].next = &mut self.recv[i + 1] as *mut _;
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.send.clear();
+        self.recv.clear();
+        self.recv_sges.clear();
+    }
+}
+
 pub(crate) struct Endpoint<B: LocalMemory> {
     // Field order is drop order: the QP goes first (`Drop` destroys it before anything else),
     // so no work request can touch memory below; then the windows (deallocated, so
@@ -574,6 +608,8 @@ pub(crate) struct Endpoint<B: LocalMemory> {
     staged_binds: usize,
     sges: Vec<sys::ibv_sge>,
     staged_recv: Vec<(u64, sys::ibv_sge)>,
+    /// The lists `ring` hands to the provider, kept for their capacity.
+    lists: WrLists,
     wcs: Vec<sys::ibv_wc>,
     inline_max: usize,
     unsignaled: u32,
@@ -616,6 +652,7 @@ impl<B: LocalMemory> Endpoint<B> {
             staged_binds: 0,
             sges: Vec::new(),
             staged_recv: Vec::new(),
+            lists: WrLists::default(),
             wcs: Vec::with_capacity(32),
             inline_max,
             unsignaled: 0,
@@ -839,32 +876,36 @@ impl<B: LocalMemory> Endpoint<B> {
             }
         }
         if !self.staged_recv.is_empty() {
-            let mut sges: Vec<sys::ibv_sge> = self.staged_recv.iter().map(|(_, s)| *s).collect();
-            let mut wrs: Vec<sys::ibv_recv_wr> = self
-                .staged_recv
-                .iter()
-                .map(|(id, _)| sys::ibv_recv_wr {
+            let lists = &mut self.lists;
+            lists.recv_sges.clear();
+            lists
+                .recv_sges
+                .extend(self.staged_recv.iter().map(|(_, s)| *s));
+            lists.recv.clear();
+            lists
+                .recv
+                .extend(self.staged_recv.iter().map(|(id, _)| sys::ibv_recv_wr {
                     wr_id: *id,
                     next: std::ptr::null_mut(),
                     sg_list: std::ptr::null_mut(),
                     num_sge: 1,
-                })
-                .collect();
-            let n = wrs.len();
-            for i in 0..n {
-                wrs[i].sg_list = &mut sges[i];
-                if i + 1 < n {
-                    wrs[i].next = &mut wrs[i + 1] as *mut _;
-                }
-            }
+                }));
+            lists.link_recv();
             self.staged_recv.clear();
             let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-            // SAFETY: `wrs` is a well-formed list whose SGEs (in `sges`, alive across the call)
-            // each cover one whole buffer (`LocalMemory`: registered, local write) that
-            // `self.recv` now owns and keeps until the receive's completion (or until the QP,
-            // dropped first, is destroyed). The QP handle is valid while `self.qp` lives.
-            let rc =
-                unsafe { sys::ibv_post_recv(self.qp().qp().as_ptr(), wrs.as_mut_ptr(), &mut bad) };
+            // SAFETY: `lists.recv` is a well-formed list whose SGEs (in `lists.recv_sges`, not
+            // touched across the call) each cover one whole buffer (`LocalMemory`: registered,
+            // local write) that `self.recv` now owns and keeps until the receive's completion
+            // (or until the QP, dropped first, is destroyed). The QP handle is valid while
+            // `self.qp` lives.
+            let rc = unsafe {
+                sys::ibv_post_recv(
+                    self.qp.as_ref().expect("QP lives until drop").qp().as_ptr(),
+                    lists.recv.as_mut_ptr(),
+                    &mut bad,
+                )
+            };
+            lists.clear();
             doorbells += 1;
             if rc != 0 {
                 return Err(io::Error::from_raw_os_error(rc));
@@ -879,10 +920,11 @@ impl<B: LocalMemory> Endpoint<B> {
                 self.unsignaled = 0;
             }
             let n = self.staged.len();
+            let wrs = &mut self.lists.send;
+            wrs.clear();
             // SAFETY: an all-zero `ibv_send_wr` is a valid value of this plain C struct
             // (null pointers, zero counts, zeroed unions).
-            let mut wrs: Vec<sys::ibv_send_wr> =
-                (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
+            wrs.resize_with(n, || unsafe { std::mem::zeroed() });
             for (i, s) in self.staged.iter().enumerate() {
                 let wr = &mut wrs[i];
                 wr.wr_id = s.seq;
@@ -942,8 +984,14 @@ impl<B: LocalMemory> Endpoint<B> {
             // window and a registration that `self.exposed` keeps alive (the window until it is
             // invalidated or deallocated, the registration through the payload it exposes),
             // and a range inside that registration (`HeldBytes`). The QP is valid.
-            let rc =
-                unsafe { sys::ibv_post_send(self.qp().qp().as_ptr(), wrs.as_mut_ptr(), &mut bad) };
+            let rc = unsafe {
+                sys::ibv_post_send(
+                    self.qp.as_ref().expect("QP lives until drop").qp().as_ptr(),
+                    wrs.as_mut_ptr(),
+                    &mut bad,
+                )
+            };
+            self.lists.clear();
             // A type-2 window's new key is the application's to track: the provider names the
             // window by the key in `ibv_mw` (checked against the device's), so the next bind or
             // invalidation must find the key this bind installs. (Most batches hold no bind.)

@@ -28,6 +28,10 @@ pub(crate) type FreshBuf<B> = Box<dyn Fn() -> io::Result<B> + Send + Sync>;
 struct Table<B> {
     slots: Vec<Option<B>>,
     free: Vec<usize>,
+    /// The lists of one post, kept for their capacity (each post rewrites them), so that
+    /// posting allocates nothing. Their pointers are used only during that post.
+    sges: Vec<sys::ibv_sge>,
+    wrs: Vec<sys::ibv_recv_wr>,
 }
 
 /// A shared receive queue and the buffers posted to it.
@@ -73,6 +77,8 @@ impl<B: LocalMemory> Srq<B> {
             table: Mutex::new(Table {
                 slots: (0..depth).map(|_| None).collect(),
                 free: (0..depth).rev().collect(),
+                sges: Vec::new(),
+                wrs: Vec::new(),
             }),
             posted: AtomicUsize::new(0),
             buf_size,
@@ -122,10 +128,12 @@ impl<B: LocalMemory> Srq<B> {
         if bufs.is_empty() {
             return Ok(());
         }
-        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let t = &mut *guard;
         let n = bufs.len().min(t.free.len());
-        let mut sges = Vec::with_capacity(n);
-        let mut wrs = Vec::with_capacity(n);
+        let (sges, wrs) = (&mut t.sges, &mut t.wrs);
+        sges.clear();
+        wrs.clear();
         for buf in bufs.drain(..n) {
             let slot = t.free.pop().expect("counted above");
             sges.push(sys::ibv_sge {
@@ -152,7 +160,7 @@ impl<B: LocalMemory> Srq<B> {
             }
         }
         let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: `wrs` is a well-formed list whose SGEs (in `sges`, alive across the call)
+        // SAFETY: `wrs` is a well-formed list whose SGEs (in `sges`, untouched across the call)
         // each cover one whole buffer (`LocalMemory`: registered, local write) that the table
         // now owns until a completion names its slot (or until the SRQ, destroyed before the
         // table is released, is gone). The SRQ handle is valid while `self` lives. The table
