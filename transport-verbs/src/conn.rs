@@ -403,16 +403,44 @@ impl Core {
     }
 
     /// Drains the CQ, then lets the engine act on time, the application's pace and queued
-    /// messages. Returns the completions seen. A failure is recorded (`fail`) and ends it.
+    /// messages: one step after each batch of completions, or one step when there were none.
+    /// Returns the completions seen. A failure is recorded (`fail`) and ends it.
     fn progress(&mut self) -> usize {
         if !self.usable() {
             return 0;
         }
+        let n = self.drain_cq();
+        if n == 0 && self.failed.is_none() {
+            if let Err(f) = self.step() {
+                self.fail(f);
+            }
+        }
+        n
+    }
+
+    /// For a half on its own task: drains the CQ when it holds anything (the half steps the
+    /// engine itself after it acted). An empty CQ costs one poll and no step of the engine.
+    fn progress_if_any(&mut self) -> usize {
+        if !self.usable() {
+            return 0;
+        }
+        self.drain_cq()
+    }
+
+    /// Polls until the CQ is empty, stepping the engine after each batch of completions (so a
+    /// lone completion costs one step, not a second one after the empty poll that follows).
+    fn drain_cq(&mut self) -> usize {
         let mut total = 0;
         loop {
-            match self.poll_round() {
+            match self.poll_cq() {
                 Ok(0) => break,
-                Ok(n) => total += n,
+                Ok(n) => {
+                    total += n;
+                    if let Err(f) = self.step() {
+                        self.fail(f);
+                        break;
+                    }
+                }
                 Err(f) => {
                     self.fail(f);
                     break;
@@ -420,35 +448,6 @@ impl Core {
             }
         }
         total
-    }
-
-    /// For a half waiting on its own task: drains the CQ when it holds anything. An empty CQ
-    /// costs one poll and no step of the engine.
-    fn progress_if_any(&mut self) -> usize {
-        if !self.usable() {
-            return 0;
-        }
-        match self.poll_cq() {
-            Ok(0) => 0,
-            Ok(n) => {
-                if let Err(f) = self.step() {
-                    self.fail(f);
-                    return n;
-                }
-                n + self.progress()
-            }
-            Err(f) => {
-                self.fail(f);
-                0
-            }
-        }
-    }
-
-    /// One poll of the CQ (up to a batch), then one step of the engine. Returns completions seen.
-    fn poll_round(&mut self) -> Result<usize, Fail> {
-        let n = self.poll_cq()?;
-        self.step()?;
-        Ok(n)
     }
 
     /// One poll of the CQ (up to a batch), each completion fed to the engine.
@@ -904,8 +903,9 @@ impl Driver {
                     core.fail(f);
                     return None;
                 }
-                // A completion that raced the arming is processed now, not at the next event.
-                match core.poll_round() {
+                // A completion that raced the arming is processed now, not at the next event
+                // (the engine steps at the top of the loop).
+                match core.poll_cq() {
                     Ok(0) => {}
                     Ok(_) => {
                         core.active();
@@ -995,18 +995,24 @@ impl VerbsSender {
     /// makes it as the peer grants credits), then wakes the driver if it must act on it.
     async fn with_room<R>(&self, f: impl FnOnce(&mut Core) -> R) -> Result<R, TransportError> {
         let mut f = Some(f);
+        // The first look registers no waiter (the common case: there is room); a full queue
+        // is looked at again with the waiter registered first, so no wake-up is lost.
+        let mut waiting = false;
         loop {
             let notified = self.shared.room.notified();
             tokio::pin!(notified);
-            notified.as_mut().enable();
+            if waiting {
+                notified.as_mut().enable();
+            }
             {
                 let mut core = lock(&self.core);
                 if !core.usable() {
                     drop(core);
                     return Err(self.gone());
                 }
-                // Credits and send slots the peer returned since the last look.
-                core.progress();
+                // Credits and send slots the peer returned since the last look (the step
+                // below, after `f`, acts on them).
+                core.progress_if_any();
                 if !core.usable() {
                     drop(core);
                     return Err(self.gone());
@@ -1019,6 +1025,10 @@ impl VerbsSender {
                     }
                     core.acted();
                     return Ok(r);
+                }
+                if !waiting {
+                    waiting = true;
+                    continue;
                 }
                 // Full: the driver moves the connection on (spinning) until there is room.
                 core.active();
