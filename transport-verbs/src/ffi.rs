@@ -1015,6 +1015,142 @@ impl<B: LocalMemory> Endpoint<B> {
         Ok(doorbells)
     }
 
+    /// Posts `msg` as one inline SEND at once (the link's ping-pong, after perftest's
+    /// `ib_send_lat`): no staging, one work request built on the stack, signaled only every
+    /// quarter of the send queue (perftest signals one in 100). Whatever was staged goes first.
+    /// Needs `sq_room() > 0` and `msg.len() <= inline_max()`.
+    pub(crate) fn post_inline_now(&mut self, msg: &[u8]) -> io::Result<()> {
+        if msg.len() > self.inline_max || self.sq_room() == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "inline send: too long, or no room in the send queue",
+            ));
+        }
+        if !self.staged.is_empty() || !self.staged_recv.is_empty() || !self.srq_staged.is_empty() {
+            self.ring()?;
+        }
+        let seq = self.next_seq;
+        self.unsignaled += 1;
+        let mut flags = sys::ibv_send_flags::IBV_SEND_INLINE.0;
+        if self.unsignaled as usize >= (self.sq_depth / 4).max(1) {
+            flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            self.unsignaled = 0;
+        }
+        let mut sge = sys::ibv_sge {
+            addr: msg.as_ptr() as u64,
+            length: msg.len() as u32,
+            lkey: 0,
+        };
+        // SAFETY: an all-zero `ibv_send_wr` is a valid value of this plain C struct.
+        let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = seq;
+        wr.opcode = sys::ibv_wr_opcode::IBV_WR_SEND;
+        wr.send_flags = flags;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: one well-formed request whose SGE points at `msg`, which the provider copies
+        // into the request during this call (IBV_SEND_INLINE: no lkey, nothing to keep). The QP
+        // handle is valid while `self.qp` lives.
+        let rc = unsafe { sys::ibv_post_send(self.qp().qp().as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        self.next_seq += 1;
+        // Nothing is held for an inline send: the entry only keeps the queue's accounting.
+        self.sq.push_back((
+            seq,
+            SqEntry::Send {
+                _local: SqLocal::Ctrl { len: 0 },
+            },
+        ));
+        Ok(())
+    }
+
+    /// Polls one completion (the link's ping-pong, after perftest's `ib_send_lat`). A received
+    /// message on this QP's own receive queue is copied into `into` (as much as fits) and its
+    /// buffer posted again at once, in place; its length is returned. Anything else (a send
+    /// completion, a failed receive) goes to `others` as [`Endpoint::poll`] would report it.
+    /// Fails on a QP that receives through the shared queue.
+    pub(crate) fn poll_one(
+        &mut self,
+        into: &mut [u8],
+        others: &mut Vec<Completion<B>>,
+    ) -> io::Result<Option<usize>> {
+        if self.srq.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "poll_one: the QP receives through the shared queue",
+            ));
+        }
+        let mut wc = std::mem::MaybeUninit::<sys::ibv_wc>::uninit();
+        // SAFETY: room for one entry; ibv_poll_cq writes at most that many and returns how
+        // many it wrote (or a negative error). The CQ is valid while `self.cq` lives.
+        let n = unsafe { sys::ibv_poll_cq(self.cq.cq().as_ptr(), 1, wc.as_mut_ptr()) };
+        if n < 0 {
+            return Err(io::Error::from_raw_os_error(-n));
+        }
+        if n == 0 {
+            return Ok(None);
+        }
+        // SAFETY: ibv_poll_cq initialised the one entry it reported.
+        let wc = unsafe { wc.assume_init() };
+        let ok = wc.status == sys::ibv_wc_status::IBV_WC_SUCCESS;
+        let slot = (wc.wr_id & !RECV_BIT) as usize;
+        if wc.wr_id & RECV_BIT == 0 || !ok {
+            let status = if ok {
+                Ok(())
+            } else {
+                Err(WcFailure {
+                    status: wc.status,
+                    vendor_err: wc.vendor_err,
+                })
+            };
+            if wc.wr_id & RECV_BIT == 0 {
+                self.complete_sq(wc.wr_id, status, others);
+            } else if let Some(buf) = self.recv.get_mut(slot).and_then(Option::take) {
+                self.recv_free.push(slot);
+                others.push(Completion::Recv {
+                    buf,
+                    len: 0,
+                    status,
+                });
+            }
+            return Ok(None);
+        }
+        let Some(buf) = self.recv.get(slot).and_then(Option::as_ref) else {
+            return Ok(None); // not ours (cannot happen): ignore rather than crash
+        };
+        let len = (wc.byte_len as usize).min(buf.len());
+        let k = len.min(into.len());
+        // SAFETY: `addr()..addr() + len()` is valid memory while the buffer lives
+        // (`LocalMemory`), `k <= len()`, and the device wrote it before this completion and
+        // writes it again only after the post below.
+        let got = unsafe { std::slice::from_raw_parts(buf.addr() as *const u8, k) };
+        into[..k].copy_from_slice(got);
+        let mut sge = sys::ibv_sge {
+            addr: buf.addr() as u64,
+            length: buf.len().min(u32::MAX as usize) as u32,
+            lkey: buf.lkey(),
+        };
+        let mut rwr = sys::ibv_recv_wr {
+            wr_id: wc.wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
+        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: the buffer stays in `self.recv[slot]` (registered, local write, owned by the
+        // table until its next completion or until the QP, dropped first, is destroyed); its
+        // contents were copied out above, before the device may write into it again. The QP
+        // handle is valid while `self.qp` lives.
+        let rc = unsafe { sys::ibv_post_recv(self.qp().qp().as_ptr(), &mut rwr, &mut bad) };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(Some(len))
+    }
+
     /// Polls up to 32 completions into `out`; returns how many work completions were read.
     pub(crate) fn poll(&mut self, out: &mut Vec<Completion<B>>) -> io::Result<usize> {
         let n = self.poll_wcs()?;

@@ -216,6 +216,95 @@ impl Link {
     }
 }
 
+impl Link {
+    /// Sends a ping (or its answer) the way `ib_send_lat` does: one inline SEND posted at once,
+    /// signaled once per quarter of the send queue. Waits for send-queue room for at most
+    /// [`LINK_TIMEOUT`] without a completion.
+    fn send_ping(&mut self) -> Result<(), TransportError> {
+        let mut last = Instant::now();
+        let mut spins = 0u32;
+        while self.ep.sq_room() == 0 {
+            if self.poll_one(&mut [0u8; 0])?.is_some() {
+                return Err(
+                    VerbsError::Internal("link: a message while sending a ping".into()).into(),
+                );
+            }
+            if !self.comps.is_empty() {
+                self.comps.clear();
+                last = Instant::now();
+                continue;
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 && last.elapsed() > LINK_TIMEOUT {
+                return Err(timeout("room in the send queue"));
+            }
+        }
+        self.ep
+            .post_inline_now(&[PING, 0])
+            .map_err(|e| self.device_err("ibv_post_send", e))
+    }
+
+    /// One poll of the CQ, `ib_send_lat`-style: a received message's first bytes land in
+    /// `into` (its buffer is posted again in place). Other completions are checked (a failed
+    /// one is the error) and left in `self.comps`.
+    fn poll_one(&mut self, into: &mut [u8]) -> Result<Option<usize>, TransportError> {
+        self.comps.clear();
+        let got = self
+            .ep
+            .poll_one(into, &mut self.comps)
+            .map_err(|e| self.device_err("ibv_poll_cq", e))?;
+        for c in &self.comps {
+            match c {
+                Completion::Recv { status: Err(e), .. } => {
+                    return Err(wc_error(WorkRequestKind::Receive, *e))
+                }
+                Completion::Read { status: Err(e), .. } => {
+                    return Err(wc_error(WorkRequestKind::RdmaRead, *e))
+                }
+                Completion::Sent {
+                    status: Err(e),
+                    kind,
+                } => return Err(wc_error(*kind, *e)),
+                _ => {}
+            }
+        }
+        Ok(got)
+    }
+
+    /// Spins until a message arrives, polling one completion at a time (`ib_send_lat`-style);
+    /// fails after `LINK_TIMEOUT` without a completion, or when `stop` is set.
+    fn next_msg(
+        &mut self,
+        what: &'static str,
+        stop: Option<&AtomicBool>,
+    ) -> Result<Ctrl, TransportError> {
+        let mut bytes = [0u8; 16];
+        let mut last = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if self.poll_one(&mut bytes)?.is_some() {
+                return Ok(Ctrl { bytes });
+            }
+            if !self.comps.is_empty() {
+                last = Instant::now();
+                spins = 0;
+                continue;
+            }
+            spins += 1;
+            // The clock is read once per 1024 empty polls.
+            if spins % 1024 == 0 {
+                if last.elapsed() > LINK_TIMEOUT {
+                    return Err(timeout(what));
+                }
+                if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+                    return Err(TransportError::Closed);
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
 enum Event {
     Msg(Ctrl),
     ReadDone,
@@ -349,15 +438,8 @@ fn serve(link: &mut Link, stop: &AtomicBool) -> Result<(), TransportError> {
     let mut exposed: Option<u32> = None;
     let mut next_id = 0u32;
     loop {
-        let mut msg = None;
-        match link.spin_until("a message from the link client", Some(stop), &mut |e| {
-            if let Event::Msg(m) = e {
-                msg = Some(m);
-                return Ok(true);
-            }
-            Ok(false)
-        }) {
-            Ok(()) => {}
+        let m = match link.next_msg("a message from the link client", Some(stop)) {
+            Ok(m) => m,
             // A client that goes quiet (it finished, or died) ends its connection.
             Err(e) => {
                 if let Some(id) = exposed.take() {
@@ -365,10 +447,9 @@ fn serve(link: &mut Link, stop: &AtomicBool) -> Result<(), TransportError> {
                 }
                 return Err(e);
             }
-        }
-        let Some(m) = msg else { continue };
+        };
         match m.bytes[0] {
-            PING => link.send_ctrl(&[PING, 0])?,
+            PING => link.send_ping()?,
             EXPOSE => {
                 let len = u32::from_le_bytes(m.bytes[1..5].try_into().expect("4 bytes")) as usize;
                 if len == 0 || len > MAX_STREAM {
@@ -468,11 +549,11 @@ impl LinkClient {
     ) -> Result<(), TransportError> {
         for i in 0..WARMUP + count {
             let t = Instant::now();
-            self.link.send_ctrl(&[PING, 0])?;
-            self.link
-                .spin_until("the link server's pong", None, &mut |e| {
-                    Ok(matches!(e, Event::Msg(ref m) if m.bytes[0] == PING))
-                })?;
+            self.link.send_ping()?;
+            let m = self.link.next_msg("the link server's pong", None)?;
+            if m.bytes[0] != PING {
+                return Err(VerbsError::Internal("link: not a pong".into()).into());
+            }
             if i >= WARMUP {
                 each(t.elapsed());
             }
