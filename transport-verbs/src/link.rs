@@ -1,8 +1,13 @@
 //! The link's own figures, measured through this crate's binding the way perftest measures
 //! them: a busy-polled 2-byte SEND ping-pong (`ib_send_lat`) and a stream of large RDMA READs
 //! with many in flight (`ib_read_bw`). No protocol engine, no async runtime, no credits: a
-//! thread posts work requests and spins on its completion queue. What the transport and RPC
-//! get is then read against what the device gives (`bench` prints link / raw / RPC).
+//! thread posts work requests and spins on its completion queue. The ping-pong does what
+//! `ib_send_lat` does per round trip (one inline SEND built on the stack and posted at once,
+//! signaled once per quarter of the send queue; one completion polled at a time, the receive
+//! buffer posted again in place), so that its figure is the device's, not this crate's
+//! bookkeeping: under emulation every user-space instruction shows in the round trip. What the
+//! transport and RPC get is then read against what the device gives (`bench` prints link /
+//! raw / RPC).
 //!
 //! The stream reads rather than writes: nothing in this crate grants remote write access (see
 //! the crate's security model), and a READ stream moves the same bytes over the same queue
