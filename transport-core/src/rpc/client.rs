@@ -255,10 +255,14 @@ impl<S> Shared<S> {
     /// for it to hand the reply over, or to leave the receiver to this call. `None` when the
     /// client is going away without an answer.
     async fn wait_reply(&self, id: u64, rx: &mut oneshot::Receiver<Reply>) -> Option<Reply> {
-        let mut inbox = tokio::select! {
-            biased;
-            r = &mut *rx => return r.ok(),
-            g = self.inbox.lock() => g,
+        // The common case first, without building the wait below: nobody else reads.
+        let mut inbox = match self.inbox.try_lock() {
+            Ok(g) => g,
+            Err(_) => tokio::select! {
+                biased;
+                r = &mut *rx => return r.ok(),
+                g = self.inbox.lock() => g,
+            },
         };
         loop {
             match rx.try_recv() {
@@ -352,7 +356,10 @@ impl<S: MessageSender> Shared<S> {
 
     /// Writes until every message up to `ticket` has been taken by the transport.
     async fn write_through(self: &Arc<Self>, ticket: u64) -> Result<(), RpcError> {
-        let mut writer = self.writer.lock().await;
+        let mut writer = match self.writer.try_lock() {
+            Ok(w) => w,
+            Err(_) => self.writer.lock().await,
+        };
         loop {
             self.finish_write(&mut writer).await;
             if self.written.load(Ordering::Acquire) >= ticket {
@@ -544,12 +551,18 @@ impl<S: MessageSender> RpcClient<S> {
         if self.shared.closing.load(Ordering::Relaxed) {
             return Err(RpcError::ClientClosed);
         }
-        let _slot = self
-            .shared
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| self.closed_error())?;
+        // A free slot is taken without a trip through the semaphore's wait queue (a permit
+        // that is free has no waiter before it: the semaphore is fair either way).
+        let _slot = match self.shared.slots.try_acquire() {
+            Ok(permit) => permit,
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(self.closed_error()),
+            Err(tokio::sync::TryAcquireError::NoPermits) => self
+                .shared
+                .slots
+                .acquire()
+                .await
+                .map_err(|_| self.closed_error())?,
+        };
         let (id, mut rx) = self.shared.register()?;
         let mut guard = PendingCall {
             shared: &self.shared,
