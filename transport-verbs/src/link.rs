@@ -96,6 +96,47 @@ fn timeout(what: &'static str) -> TransportError {
     .into()
 }
 
+/// How long a spinning wait has gone without a completion: the clock is read once per 1024
+/// empty polls, and a wait that sees none for [`LINK_TIMEOUT`] (or is told to stop) ends.
+struct Patience {
+    last: Instant,
+    spins: u32,
+}
+
+impl Patience {
+    fn new() -> Patience {
+        Patience {
+            last: Instant::now(),
+            spins: 0,
+        }
+    }
+
+    /// A completion came: the wait starts over.
+    fn progressed(&mut self) {
+        self.last = Instant::now();
+        self.spins = 0;
+    }
+
+    /// An empty poll: fails once the wait for `what` has lasted too long or `stop` is set.
+    fn empty_poll(
+        &mut self,
+        what: &'static str,
+        stop: Option<&AtomicBool>,
+    ) -> Result<(), TransportError> {
+        self.spins = self.spins.wrapping_add(1);
+        if self.spins % 1024 == 0 {
+            if self.last.elapsed() > LINK_TIMEOUT {
+                return Err(timeout(what));
+            }
+            if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+                return Err(TransportError::Closed);
+            }
+        }
+        std::hint::spin_loop();
+        Ok(())
+    }
+}
+
 impl Link {
     fn new(est: Established) -> Link {
         Link {
@@ -114,19 +155,13 @@ impl Link {
     /// Sends a control message of up to 16 bytes (inline). Waits for send-queue room for at
     /// most [`LINK_TIMEOUT`] without a completion.
     fn send_ctrl(&mut self, msg: &[u8]) -> Result<(), TransportError> {
-        let mut last = Instant::now();
-        let mut spins = 0u32;
+        let mut patience = Patience::new();
         while self.ep.sq_room() == 0 {
             if self.poll_once(&mut |_| Ok(()))? > 0 {
-                last = Instant::now();
+                patience.progressed();
                 continue;
             }
-            spins = spins.wrapping_add(1);
-            // The clock is read once per 1024 empty polls, as in `spin_until`.
-            if spins % 1024 == 0 && last.elapsed() > LINK_TIMEOUT {
-                return Err(timeout("room in the send queue"));
-            }
-            std::hint::spin_loop();
+            patience.empty_poll("room in the send queue", None)?;
         }
         let slot = self.ep.next_ctrl_slot();
         slot[..msg.len()].copy_from_slice(msg);
@@ -190,9 +225,8 @@ impl Link {
         stop: Option<&AtomicBool>,
         on: &mut dyn FnMut(Event) -> Result<bool, TransportError>,
     ) -> Result<(), TransportError> {
-        let mut last = Instant::now();
+        let mut patience = Patience::new();
         let mut done = false;
-        let mut spins = 0u32;
         while !done {
             let n = self.poll_once(&mut |e| {
                 if on(e)? {
@@ -201,21 +235,10 @@ impl Link {
                 Ok(())
             })?;
             if n > 0 {
-                last = Instant::now();
-                spins = 0;
+                patience.progressed();
                 continue;
             }
-            spins += 1;
-            // The clock is read once per 1024 empty polls.
-            if spins % 1024 == 0 {
-                if last.elapsed() > LINK_TIMEOUT {
-                    return Err(timeout(what));
-                }
-                if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
-                    return Err(TransportError::Closed);
-                }
-            }
-            std::hint::spin_loop();
+            patience.empty_poll(what, stop)?;
         }
         Ok(())
     }
@@ -226,8 +249,7 @@ impl Link {
     /// signaled once per quarter of the send queue. Waits for send-queue room for at most
     /// [`LINK_TIMEOUT`] without a completion.
     fn send_ping(&mut self) -> Result<(), TransportError> {
-        let mut last = Instant::now();
-        let mut spins = 0u32;
+        let mut patience = Patience::new();
         while self.ep.sq_room() == 0 {
             if self.poll_one(&mut [0u8; 0])?.is_some() {
                 return Err(
@@ -235,14 +257,10 @@ impl Link {
                 );
             }
             if !self.comps.is_empty() {
-                self.comps.clear();
-                last = Instant::now();
+                patience.progressed();
                 continue;
             }
-            spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 && last.elapsed() > LINK_TIMEOUT {
-                return Err(timeout("room in the send queue"));
-            }
+            patience.empty_poll("room in the send queue", None)?;
         }
         self.ep
             .post_inline_now(&[PING, 0])
@@ -284,28 +302,16 @@ impl Link {
         stop: Option<&AtomicBool>,
     ) -> Result<Ctrl, TransportError> {
         let mut bytes = [0u8; 16];
-        let mut last = Instant::now();
-        let mut spins = 0u32;
+        let mut patience = Patience::new();
         loop {
             if self.poll_one(&mut bytes)?.is_some() {
                 return Ok(Ctrl { bytes });
             }
             if !self.comps.is_empty() {
-                last = Instant::now();
-                spins = 0;
+                patience.progressed();
                 continue;
             }
-            spins += 1;
-            // The clock is read once per 1024 empty polls.
-            if spins % 1024 == 0 {
-                if last.elapsed() > LINK_TIMEOUT {
-                    return Err(timeout(what));
-                }
-                if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
-                    return Err(TransportError::Closed);
-                }
-            }
-            std::hint::spin_loop();
+            patience.empty_poll(what, stop)?;
         }
     }
 }
