@@ -228,6 +228,9 @@ pub(crate) fn start(
         spin_until: None,
         app_lease: None,
         driver_turn: false,
+        delivered_now: false,
+        reads_yield: false,
+        reads_after_yield: false,
     }));
     let sender = VerbsSender {
         core: core.clone(),
@@ -281,6 +284,7 @@ impl DriverTurn<'_> {
     fn lock(core: &Mutex<Core>) -> DriverTurn<'_> {
         let mut g = lock(core);
         g.driver_turn = true;
+        g.delivered_now = false;
         DriverTurn(g)
     }
 }
@@ -345,6 +349,12 @@ struct Core {
     app_lease: Option<Instant>,
     /// The driver holds the lock: what it delivers is a hand-off (`Metrics::handoffs`).
     driver_turn: bool,
+    /// This driver turn delivered a message: READs wait for the application's turn.
+    delivered_now: bool,
+    /// The driver held back a READ for the application's turn: it yields, then posts it.
+    reads_yield: bool,
+    /// The driver has yielded for a held-back READ: its next turn posts it.
+    reads_after_yield: bool,
 }
 
 impl Core {
@@ -578,6 +588,7 @@ impl Core {
             if let Some(tx) = &self.deliver {
                 if self.driver_turn {
                     self.metrics.handoffs.incr();
+                    self.delivered_now = true;
                 }
                 // Counted before sending, so the receiver never takes one it was not counted.
                 self.shared.backlog.fetch_add(1, Ordering::AcqRel);
@@ -592,7 +603,27 @@ impl Core {
     }
 
     /// Posts what the engine asks for while the send queue has room; one doorbell for all.
+    ///
+    /// RDMA READs are posted by the driver task only, and never in a driver turn that has
+    /// just delivered a message: the driver yields first (`Core::reads_yield`), so that the
+    /// application takes the message and answers before the READ goes out. A software device
+    /// (rxe) runs a READ's whole transfer in the softirq of the CPU whose thread posted it:
+    /// posted from the application's thread, or before its answer, a 1 MiB READ held that
+    /// thread and the answer for the whole transfer, and an echo of 1 MiB moved one transfer
+    /// at a time across both sides (docs/verbs.md). On hardware the deferral costs one turn
+    /// of the runtime before a large transfer.
     fn pump_out(&mut self) -> Result<(), Fail> {
+        let hold = !self.driver_turn || (self.delivered_now && !self.reads_after_yield);
+        self.engine.set_reads_held(hold);
+        if hold && self.engine.read_ready() {
+            if self.driver_turn {
+                self.reads_yield = true;
+            } else {
+                self.shared.kick.notify_one();
+            }
+        } else if !hold {
+            self.reads_after_yield = false;
+        }
         while self.ep().sq_room() >= MAX_WRS_PER_WORK {
             let Some(w) = self.engine.poll_work() else {
                 break;
@@ -784,13 +815,19 @@ struct Turn {
 impl Driver {
     async fn run(mut self) {
         loop {
-            let turn = {
+            let (turn, reads_yield) = {
                 let mut core = DriverTurn::lock(&self.core);
                 match self.prepare(&mut core) {
-                    Some(t) => t,
+                    Some(t) => (t, std::mem::take(&mut core.reads_yield)),
                     None => break,
                 }
             };
+            if reads_yield {
+                // A READ waits for the application's turn (see `Core::pump_out`).
+                tokio::task::yield_now().await;
+                lock(&self.core).reads_after_yield = true;
+                continue;
+            }
             // One timer, moved only when the engine's deadline moves (not one per wake).
             if turn.deadline != self.timer_at {
                 let at = match turn.deadline {

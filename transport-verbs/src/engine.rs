@@ -321,6 +321,8 @@ pub(crate) struct Engine<P> {
     xfer_ids: HashSet<u32>,
     /// Transfers with READs left to post, in arrival order.
     read_queue: VecDeque<u64>,
+    /// READs are not handed out by [`Engine::poll_work`] while set (`set_reads_held`).
+    reads_held: bool,
     reads_in_flight: usize,
     /// Bytes of the admitted incoming transfers (`xfers`: READs not all completed).
     rndv_in_bytes: u64,
@@ -368,6 +370,7 @@ impl<P> Engine<P> {
             xfers: HashMap::new(),
             xfer_ids: HashSet::new(),
             read_queue: VecDeque::new(),
+            reads_held: false,
             reads_in_flight: 0,
             rndv_in_bytes: 0,
             target_bytes: 0,
@@ -392,6 +395,25 @@ impl<P> Engine<P> {
     }
 
     /// Messages queued and not yet posted.
+    /// Holds back (`true`) or lets go the RDMA READs [`Engine::poll_work`] hands out; the rest
+    /// of the work is unaffected. The glue holds them where posting one would hold up the
+    /// caller (see `conn.rs`, `Core::pump_out`).
+    pub(crate) fn set_reads_held(&mut self, held: bool) {
+        self.reads_held = held;
+    }
+
+    /// Whether a READ would be handed out now if READs were not held.
+    pub(crate) fn read_ready(&self) -> bool {
+        let serves = self.peer.map_or(1, |p| p.reads as usize);
+        let Some(x) = self.read_queue.front().and_then(|t| self.xfers.get(t)) else {
+            return false;
+        };
+        // As in `next_read`: a transfer not yet started waits while the application is behind.
+        !self.failed
+            && self.reads_in_flight < self.cfg.rendezvous_window.max(1).min(serves)
+            && (x.allocated || !self.app_behind())
+    }
+
     pub(crate) fn queued(&self) -> usize {
         self.outq.len()
     }
@@ -894,6 +916,9 @@ impl<P> Engine<P> {
     }
 
     fn next_read(&mut self) -> Option<ReadChunk> {
+        if self.reads_held {
+            return None;
+        }
         // No more than the window, nor than the peer's queue pair serves at once: a READ
         // beyond its responder resources would fail the connection.
         let serves = self.peer.map_or(1, |p| p.reads as usize);

@@ -533,6 +533,27 @@ fn no_more_reads_in_flight_than_the_peer_serves() {
 }
 
 #[test]
+fn held_reads_wait_and_the_rest_of_the_work_goes_out() {
+    let (mut e, _) = connected();
+    e.on_recv(rts(0, 8192, 0x10_0000)).expect("within limits");
+    e.set_reads_held(true);
+    assert!(e.read_ready(), "a READ is there to post");
+    e.send(OutMsg {
+        header: HeaderBytes::EMPTY,
+        len: 5,
+        payload: Bytes::from_static(b"reply"),
+    });
+    let kinds: Vec<_> = drain(&mut e).iter().map(kind_of).collect();
+    assert_eq!(kinds, ["EAGER"], "the message goes out, the READ waits");
+    assert_eq!(e.held_bytes(), 0, "no target allocated for a held READ");
+    assert!(e.read_ready(), "still there to post");
+    e.set_reads_held(false);
+    let reads = reads_of(&mut e);
+    assert_eq!(reads.len(), 2, "window of two READs once let go");
+    assert!(!e.read_ready(), "the window is full");
+}
+
+#[test]
 fn a_rendezvous_target_is_allocated_only_when_its_read_is_posted() {
     let (mut e, _) = connected();
     // Four transfers of 8 KiB: READ window 2, chunk 4 KiB.
