@@ -92,7 +92,11 @@
 //!   and sends an RTS with its address and the window's rkey; the receiver RDMA READs the payload
 //!   in `rendezvous_chunk` pieces (`rendezvous_window` of them in flight, so replies are not
 //!   stuck behind a large transfer) into a pool buffer taken when its first READ is posted, then
-//!   sends FIN; the sender invalidates the window and releases the payload. A payload above the
+//!   sends FIN; the sender invalidates the window and releases the payload. READs are posted
+//!   by the connection's driver task, never by the application's, and not in the driver turn
+//!   that delivered a message until the application had its turn: a software device (rxe)
+//!   runs a READ's whole transfer in the softirq of the CPU that posted it, which would hold
+//!   up the application's answer for the whole transfer. A payload above the
 //!   receiver's limit is refused (FIN without a READ) and reported as `MessageTooLarge` with its
 //!   header. At most `min(max_rendezvous_out, the peer's announced count)` payloads are exposed
 //!   at once (and the peer's announced bytes); the next large send waits (`rendezvous_stalls`).
