@@ -394,7 +394,6 @@ impl<P> Engine<P> {
         }
     }
 
-    /// Messages queued and not yet posted.
     /// Holds back (`true`) or lets go the RDMA READs [`Engine::poll_work`] hands out; the rest
     /// of the work is unaffected. The glue holds them where posting one would hold up the
     /// caller (see `conn.rs`, `Core::pump_out`).
@@ -414,6 +413,7 @@ impl<P> Engine<P> {
             && (x.allocated || !self.app_behind())
     }
 
+    /// Messages queued and not yet posted.
     pub(crate) fn queued(&self) -> usize {
         self.outq.len()
     }

@@ -543,8 +543,18 @@ pub(crate) fn watch<T: AsRawFd>(
     unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
 }
 
-/// A connected RC queue pair with its completion queue and channel, the owners of every
-/// buffer the device may still be using, and the memory windows that expose payloads.
+/// A work completion's status: success, or the failure it reports.
+fn wc_status(wc: &sys::ibv_wc) -> Result<(), WcFailure> {
+    if wc.status == sys::ibv_wc_status::IBV_WC_SUCCESS {
+        Ok(())
+    } else {
+        Err(WcFailure {
+            status: wc.status,
+            vendor_err: wc.vendor_err,
+        })
+    }
+}
+
 /// Work-request lists built for one post and kept for the next: once they have grown to the
 /// largest batch, posting allocates nothing (an allocation and its release cost more than the
 /// rest of a small send's path in the soft-RoCE guest; see docs/verbs.md). Empty between posts.
@@ -579,6 +589,8 @@ impl WrLists {
     }
 }
 
+/// A connected RC queue pair with its completion queue and channel, the owners of every
+/// buffer the device may still be using, and the memory windows that expose payloads.
 pub(crate) struct Endpoint<B: LocalMemory> {
     // Field order is drop order: the QP goes first (`Drop` destroys it before anything else),
     // so no work request can touch memory below; then the windows (deallocated, so
@@ -875,6 +887,10 @@ impl<B: LocalMemory> Endpoint<B> {
                 doorbells += 1;
             }
         }
+        // Taken before the work-request lists are borrowed.
+        // SAFETY: only the handle is read here; it stays valid while `self.qp` lives (until
+        // drop), and it is used only by the two posts below.
+        let qp = unsafe { self.qp().qp() }.as_ptr();
         if !self.staged_recv.is_empty() {
             let lists = &mut self.lists;
             lists.recv_sges.clear();
@@ -898,13 +914,7 @@ impl<B: LocalMemory> Endpoint<B> {
             // local write) that `self.recv` now owns and keeps until the receive's completion
             // (or until the QP, dropped first, is destroyed). The QP handle is valid while
             // `self.qp` lives.
-            let rc = unsafe {
-                sys::ibv_post_recv(
-                    self.qp.as_ref().expect("QP lives until drop").qp().as_ptr(),
-                    lists.recv.as_mut_ptr(),
-                    &mut bad,
-                )
-            };
+            let rc = unsafe { sys::ibv_post_recv(qp, lists.recv.as_mut_ptr(), &mut bad) };
             lists.clear();
             doorbells += 1;
             if rc != 0 {
@@ -984,13 +994,7 @@ impl<B: LocalMemory> Endpoint<B> {
             // window and a registration that `self.exposed` keeps alive (the window until it is
             // invalidated or deallocated, the registration through the payload it exposes),
             // and a range inside that registration (`HeldBytes`). The QP is valid.
-            let rc = unsafe {
-                sys::ibv_post_send(
-                    self.qp.as_ref().expect("QP lives until drop").qp().as_ptr(),
-                    wrs.as_mut_ptr(),
-                    &mut bad,
-                )
-            };
+            let rc = unsafe { sys::ibv_post_send(qp, wrs.as_mut_ptr(), &mut bad) };
             self.lists.clear();
             // A type-2 window's new key is the application's to track: the provider names the
             // window by the key in `ibv_mw` (checked against the device's), so the next bind or
@@ -1095,17 +1099,9 @@ impl<B: LocalMemory> Endpoint<B> {
         }
         // SAFETY: ibv_poll_cq initialised the one entry it reported.
         let wc = unsafe { wc.assume_init() };
-        let ok = wc.status == sys::ibv_wc_status::IBV_WC_SUCCESS;
+        let status = wc_status(&wc);
         let slot = (wc.wr_id & !RECV_BIT) as usize;
-        if wc.wr_id & RECV_BIT == 0 || !ok {
-            let status = if ok {
-                Ok(())
-            } else {
-                Err(WcFailure {
-                    status: wc.status,
-                    vendor_err: wc.vendor_err,
-                })
-            };
+        if wc.wr_id & RECV_BIT == 0 || status.is_err() {
             if wc.wr_id & RECV_BIT == 0 {
                 self.complete_sq(wc.wr_id, status, others);
             } else if let Some(buf) = self.recv.get_mut(slot).and_then(Option::take) {
@@ -1156,14 +1152,7 @@ impl<B: LocalMemory> Endpoint<B> {
         let n = self.poll_wcs()?;
         for i in 0..n {
             let wc = self.wcs[i];
-            let status = if wc.status == sys::ibv_wc_status::IBV_WC_SUCCESS {
-                Ok(())
-            } else {
-                Err(WcFailure {
-                    status: wc.status,
-                    vendor_err: wc.vendor_err,
-                })
-            };
+            let status = wc_status(&wc);
             if wc.wr_id & RECV_BIT != 0 {
                 let slot = (wc.wr_id & !RECV_BIT) as usize;
                 let buf = match &self.srq {

@@ -88,6 +88,19 @@ fn wc_error(kind: WorkRequestKind, e: WcFailure) -> TransportError {
     e.into_error(kind).into()
 }
 
+/// The error a failed completion reports (`None` for a successful one).
+fn completion_error(c: &Completion<PoolBuf>) -> Option<TransportError> {
+    match c {
+        Completion::Recv { status: Err(e), .. } => Some(wc_error(WorkRequestKind::Receive, *e)),
+        Completion::Read { status: Err(e), .. } => Some(wc_error(WorkRequestKind::RdmaRead, *e)),
+        Completion::Sent {
+            status: Err(e),
+            kind,
+        } => Some(wc_error(*kind, *e)),
+        _ => None,
+    }
+}
+
 fn timeout(what: &'static str) -> TransportError {
     VerbsError::Timeout {
         what,
@@ -155,6 +168,18 @@ impl Link {
     /// Sends a control message of up to 16 bytes (inline). Waits for send-queue room for at
     /// most [`LINK_TIMEOUT`] without a completion.
     fn send_ctrl(&mut self, msg: &[u8]) -> Result<(), TransportError> {
+        self.wait_sq_room()?;
+        let slot = self.ep.next_ctrl_slot();
+        slot[..msg.len()].copy_from_slice(msg);
+        self.ep.stage_send(SqLocal::Ctrl { len: msg.len() });
+        self.ep
+            .ring()
+            .map_err(|e| self.device_err("ibv_post_send", e))?;
+        Ok(())
+    }
+
+    /// Polls until the send queue has room, for at most [`LINK_TIMEOUT`] without a completion.
+    fn wait_sq_room(&mut self) -> Result<(), TransportError> {
         let mut patience = Patience::new();
         while self.ep.sq_room() == 0 {
             if self.poll_once(&mut |_| Ok(()))? > 0 {
@@ -163,12 +188,6 @@ impl Link {
             }
             patience.empty_poll("room in the send queue", None)?;
         }
-        let slot = self.ep.next_ctrl_slot();
-        slot[..msg.len()].copy_from_slice(msg);
-        self.ep.stage_send(SqLocal::Ctrl { len: msg.len() });
-        self.ep
-            .ring()
-            .map_err(|e| self.device_err("ibv_post_send", e))?;
         Ok(())
     }
 
@@ -188,27 +207,23 @@ impl Link {
             if result.is_err() {
                 continue;
             }
+            if let Some(e) = completion_error(&c) {
+                result = Err(e);
+                continue;
+            }
             result = match c {
-                Completion::Recv { buf, len, status } => match status {
-                    Err(e) => Err(wc_error(WorkRequestKind::Receive, e)),
-                    Ok(()) => {
-                        let mut bytes = [0u8; 16];
-                        let k = len.min(16);
-                        bytes[..k].copy_from_slice(&buf.as_slice()[..k]);
-                        // The buffer goes back to the receive queue before anything else.
-                        match self.ep.stage_recv(buf) {
-                            Ok(()) => on(Event::Msg(Ctrl { bytes })),
-                            Err(_) => {
-                                Err(VerbsError::Internal("receive table overrun".into()).into())
-                            }
-                        }
+                Completion::Recv { buf, len, .. } => {
+                    let mut bytes = [0u8; 16];
+                    let k = len.min(16);
+                    bytes[..k].copy_from_slice(&buf.as_slice()[..k]);
+                    // The buffer goes back to the receive queue before anything else.
+                    match self.ep.stage_recv(buf) {
+                        Ok(()) => on(Event::Msg(Ctrl { bytes })),
+                        Err(_) => Err(VerbsError::Internal("receive table overrun".into()).into()),
                     }
-                },
-                Completion::Read { status, .. } => match status {
-                    Err(e) => Err(wc_error(WorkRequestKind::RdmaRead, e)),
-                    Ok(()) => on(Event::ReadDone),
-                },
-                Completion::Sent { status, kind } => status.map_err(|e| wc_error(kind, e)),
+                }
+                Completion::Read { .. } => on(Event::ReadDone),
+                Completion::Sent { .. } => Ok(()),
             };
         }
         self.comps = comps;
@@ -242,26 +257,12 @@ impl Link {
         }
         Ok(())
     }
-}
 
-impl Link {
     /// Sends a ping (or its answer) the way `ib_send_lat` does: one inline SEND posted at once,
     /// signaled once per quarter of the send queue. Waits for send-queue room for at most
     /// [`LINK_TIMEOUT`] without a completion.
     fn send_ping(&mut self) -> Result<(), TransportError> {
-        let mut patience = Patience::new();
-        while self.ep.sq_room() == 0 {
-            if self.poll_one(&mut [0u8; 0])?.is_some() {
-                return Err(
-                    VerbsError::Internal("link: a message while sending a ping".into()).into(),
-                );
-            }
-            if !self.comps.is_empty() {
-                patience.progressed();
-                continue;
-            }
-            patience.empty_poll("room in the send queue", None)?;
-        }
+        self.wait_sq_room()?;
         self.ep
             .post_inline_now(&[PING, 0])
             .map_err(|e| self.device_err("ibv_post_send", e))
@@ -276,20 +277,8 @@ impl Link {
             .ep
             .poll_one(into, &mut self.comps)
             .map_err(|e| self.device_err("ibv_poll_cq", e))?;
-        for c in &self.comps {
-            match c {
-                Completion::Recv { status: Err(e), .. } => {
-                    return Err(wc_error(WorkRequestKind::Receive, *e))
-                }
-                Completion::Read { status: Err(e), .. } => {
-                    return Err(wc_error(WorkRequestKind::RdmaRead, *e))
-                }
-                Completion::Sent {
-                    status: Err(e),
-                    kind,
-                } => return Err(wc_error(*kind, *e)),
-                _ => {}
-            }
+        if let Some(e) = self.comps.iter().find_map(completion_error) {
+            return Err(e);
         }
         Ok(got)
     }
