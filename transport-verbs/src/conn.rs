@@ -654,11 +654,10 @@ impl Core {
                 let inline_max = self.ep().inline_max();
                 if TH_LEN + header.len() + plen <= inline_max {
                     let ep = self.ep();
-                    let n = th.encode(&header, ep.next_ctrl_slot());
-                    ep.stage_send(SqLocal::Inline {
-                        len: n,
-                        payload: payload.bytes,
-                    });
+                    let slot = ep.next_ctrl_slot();
+                    let n = th.encode(&header, slot);
+                    slot[n..n + plen].copy_from_slice(&payload.bytes);
+                    ep.stage_send(SqLocal::Ctrl { len: n + plen });
                     self.metrics.payload_bytes_copied.add(plen as u64);
                 } else if let Some(h) = payload.held.or_else(|| self.pool.lookup(&payload.bytes)) {
                     let ep = self.ep();

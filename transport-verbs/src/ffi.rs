@@ -332,12 +332,11 @@ pub(crate) const CTRL_SLOT: usize = 128;
 
 /// What a send-queue SEND reads. Kept until its completion.
 pub(crate) enum SqLocal<B> {
-    /// The control slot of this work request only (`len` bytes of it).
+    /// The control slot of this work request only (`len` bytes of it; sent inline when it
+    /// fits, a small message's payload copied in after its headers).
     Ctrl { len: usize },
     /// The control slot, then a registered payload (two SGEs, no copy).
     CtrlPayload { len: usize, payload: HeldBytes },
-    /// The control slot, then any payload bytes, copied by the provider at post (inline).
-    Inline { len: usize, payload: Bytes },
     /// A buffer holding the whole message (copied in).
     Buf { buf: B, len: usize },
 }
@@ -666,7 +665,8 @@ impl<B: LocalMemory> Endpoint<B> {
             staged_recv: Vec::new(),
             lists: WrLists::default(),
             wcs: Vec::with_capacity(32),
-            inline_max,
+            // An inline message is built in its control slot: never more than one slot.
+            inline_max: inline_max.min(CTRL_SLOT),
             unsignaled: 0,
         }
     }
@@ -743,18 +743,6 @@ impl<B: LocalMemory> Endpoint<B> {
                         lkey: payload.mr.lkey,
                     });
                 }
-            }
-            SqLocal::Inline { len, payload } => {
-                let s = self.ctrl_sge(seq, *len);
-                self.sges.push(s);
-                if !payload.is_empty() {
-                    self.sges.push(sys::ibv_sge {
-                        addr: payload.as_ptr() as u64,
-                        length: payload.len() as u32,
-                        lkey: 0,
-                    });
-                }
-                flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
             }
             SqLocal::Buf { buf, len } => {
                 self.sges.push(sys::ibv_sge {
