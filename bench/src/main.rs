@@ -253,6 +253,12 @@ struct RunArgs {
     /// async).
     #[arg(long, value_enum, default_value_t = RpcIo::Async)]
     rpc_io: RpcIo,
+    /// Payloads in plain heap memory instead of the transport's buffer pool (`BufferPool::alloc`):
+    /// on verbs every eager message is then copied into registered memory, and a rendezvous
+    /// payload registered (once, then cached), as for an application that does not allocate
+    /// from the pool. No effect on uds and tcp, whose pool is the heap.
+    #[arg(long)]
+    heap_payload: bool,
     /// Transports to measure (local mode).
     #[arg(long, value_delimiter = ',', value_enum, default_values_t = [TransportName::Uds, TransportName::Tcp, TransportName::Verbs])]
     transports: Vec<TransportName>,
@@ -387,6 +393,7 @@ impl RunArgs {
             window_bytes: self.window_bytes,
             client_core,
             rpc_io: self.rpc_io,
+            heap_payload: self.heap_payload,
         }
     }
 

@@ -108,6 +108,8 @@ pub struct Job {
     pub window: usize,
     /// CPU each client thread is pinned to.
     pub client_core: Option<usize>,
+    /// Payloads in heap memory instead of the transport's buffer pool.
+    pub heap_payload: bool,
 }
 
 /// What one measurement saw.
@@ -322,7 +324,11 @@ async fn client_thread<T: Transport>(
     let caps = conn.capabilities();
     let peer = conn.peer();
     let (mut tx, mut rx) = conn.split();
-    let payload = Bytes::from(vec![0xa5u8; job.size]);
+    let payload = if job.heap_payload {
+        Bytes::from(vec![0xa5u8; job.size])
+    } else {
+        payload_in(&*tx.buffer_pool(), job.size)
+    };
     let mode = match (job.layer, job.op) {
         (Layer::Rpc, _) => proto::MODE_RPC,
         (Layer::Raw, Op::Ping | Op::Echo) => proto::MODE_ECHO,
@@ -391,6 +397,21 @@ pub(crate) fn new_hist() -> Histogram<u64> {
 
 pub(crate) fn record(h: &mut Histogram<u64>, d: Duration) {
     let _ = h.record(d.as_nanos().clamp(1, 60_000_000_000) as u64);
+}
+
+/// The payload every call and message of a measurement carries: `size` bytes in the
+/// transport's own buffer pool, as an application after speed allocates it (`BufferPool::alloc`,
+/// `RpcClient::alloc`): registered memory on verbs, which sends it without a copy (eager) or a
+/// registration (rendezvous), as perftest sends from its registered buffer; heap memory on the
+/// socket backends.
+fn payload_in(pool: &dyn transport_core::BufferPool, size: usize) -> Bytes {
+    let mut buf = pool.alloc(size);
+    match buf.fill(size) {
+        Some(b) => b.fill(0xa5),
+        // The pool cannot serve this size: heap memory, as without a pool.
+        None => return Bytes::from(vec![0xa5u8; size]),
+    }
+    buf.freeze()
 }
 
 fn data(payload: &Bytes) -> Message {
@@ -682,5 +703,38 @@ impl CostFigures {
             context_switches_per_call: o.context_switches as f64 / calls,
             handoffs_per_call: (m.handoffs + o.server_metrics.handoffs) as f64 / calls,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pool whose buffers hold fewer bytes than asked (as a backend pool serving a size class
+    /// below the request would): the payload falls back to heap memory of the full size.
+    struct Small;
+    impl transport_core::BufferPool for Small {
+        fn alloc(&self, _capacity: usize) -> transport_core::SendBuffer {
+            struct Region(Vec<u8>);
+            impl transport_core::BackendRegion for Region {
+                fn as_slice(&self) -> &[u8] {
+                    &self.0
+                }
+                fn as_mut_slice(&mut self) -> &mut [u8] {
+                    &mut self.0
+                }
+            }
+            transport_core::SendBuffer::from_region(Box::new(Region(vec![0; 8])))
+        }
+    }
+
+    #[test]
+    fn payloads_have_the_size_asked_for_from_the_pool_or_the_heap() {
+        let p = payload_in(&transport_core::HeapPool, 1000);
+        assert_eq!(p.len(), 1000);
+        assert!(p.iter().all(|&b| b == 0xa5));
+        let p = payload_in(&Small, 1000);
+        assert_eq!(p.len(), 1000);
+        assert!(p.iter().all(|&b| b == 0xa5));
     }
 }

@@ -556,6 +556,16 @@ impl Report {
                     .to_string(),
             }
         );
+        let _ = writeln!(
+            out,
+            "payloads: {}",
+            if self.settings.heap_payload {
+                "heap memory (--heap-payload: verbs copies eager messages into registered memory)"
+            } else {
+                "from the transport's buffer pool (registered memory on verbs: no copy; \
+                 --heap-payload for heap memory)"
+            }
+        );
         out.push('\n');
         // The OS columns appear when some transport has its OS baseline (local mode, uds and
         // tcp; verbs with its link); a transport without one shows "n/a" there. The raw
@@ -1019,6 +1029,7 @@ pub(crate) mod tests {
             window_bytes: 2 << 20,
             client_core: Some(0),
             rpc_io: Default::default(),
+            heap_payload: false,
         };
         Report {
             version: "test".into(),

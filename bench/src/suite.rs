@@ -42,6 +42,9 @@ pub struct Settings {
     /// How the RPC rows are measured (`--rpc-io`).
     #[serde(default)]
     pub rpc_io: measure::RpcIo,
+    /// Payloads in heap memory, not the transport's buffer pool (`--heap-payload`).
+    #[serde(default)]
+    pub heap_payload: bool,
 }
 
 impl Settings {
@@ -440,6 +443,7 @@ pub fn run<T: Transport + Clone>(
         threads,
         window: s.window_for(size),
         client_core: s.client_core,
+        heap_payload: s.heap_payload,
     };
     let measure_side = |side: Side, op: Op, size: usize, count: u64, threads: usize| match side {
         Side::Os => match (os_target, op) {
