@@ -222,10 +222,12 @@ struct RunArgs {
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
     window: u64,
     /// Most payload bytes in flight per client thread: a byte-sequence cell of SIZE runs
-    /// min(--window, this / SIZE) calls at once (at least 1). Bytes in flight beyond the CPU
-    /// cache cost more than they hide (K/M suffixes allowed).
-    #[arg(long, default_value = "2M", value_parser = parse_bytes)]
-    window_bytes: usize,
+    /// min(--window, this / SIZE) calls at once (at least 1). Default 2M on uds and tcp, where
+    /// bytes in flight beyond the CPU cache cost more than they hide, and 8M on verbs, whose
+    /// rendezvous moves a large payload after a round trip of its own, so that 2 MiB (two 1 MiB
+    /// calls) left the device idle between them (K/M suffixes allowed; given, it applies to all).
+    #[arg(long, value_parser = parse_bytes)]
+    window_bytes: Option<usize>,
     /// Payload bytes per throughput run (K/M suffixes allowed).
     #[arg(long, default_value = "200M", value_parser = parse_bytes)]
     bytes: usize,
@@ -390,7 +392,8 @@ impl RunArgs {
             min_calls: 64,
             max_calls: 20_000,
             window: self.window as usize,
-            window_bytes: self.window_bytes,
+            window_bytes: self.window_bytes.unwrap_or(suite::WINDOW_BYTES),
+            verbs_window_bytes: self.window_bytes.unwrap_or(suite::VERBS_WINDOW_BYTES),
             client_core,
             rpc_io: self.rpc_io,
             heap_payload: self.heap_payload,
@@ -717,7 +720,7 @@ fn local(args: &RunArgs) -> Result<(), String> {
                         None => rpc_only(),
                     };
                     let peak = VerbsMemorySampler::start(verbs.clone());
-                    let mut r = suite::run(&peer, baseline, &settings, &progress)?;
+                    let mut r = suite::run(&peer, baseline, &settings.for_verbs(), &progress)?;
                     r.notes = verbs_notes(&verbs, peak.stop());
                     transports.push(r);
                 }
@@ -1042,7 +1045,7 @@ fn client(host: &str, transport: Option<RemoteTransport>, args: &RunArgs) -> Res
                 suite::run(
                     &peer(&v, addr),
                     OsBaseline::Link(&limit),
-                    &settings,
+                    &settings.for_verbs(),
                     &progress,
                 ),
                 addr.to_string(),
@@ -1121,6 +1124,24 @@ mod tests {
         assert_eq!(s.window_for(500_000), 4);
         assert_eq!(s.window_for(1 << 20), 2);
         assert_eq!(s.window_for(64 << 20), 1, "never below one call");
+        assert_eq!(
+            s.for_verbs().window_for(1 << 20),
+            2,
+            "given, it applies to verbs too"
+        );
+    }
+
+    #[test]
+    fn verbs_keeps_more_bytes_in_flight_by_default() {
+        let cli = Cli::try_parse_from(["bench"]).unwrap();
+        let s = cli.run.settings(None);
+        assert_eq!(s.window_for(1 << 20), 2);
+        assert_eq!(s.for_verbs().window_for(1 << 20), 8);
+        assert_eq!(
+            s.for_verbs().window_for(64 << 10),
+            16,
+            "the call limit still holds"
+        );
     }
 
     /// The server listens on loopback unless told otherwise, and its help says so.

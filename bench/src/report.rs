@@ -546,9 +546,22 @@ impl Report {
             self.settings.repeat,
             match self.settings.rpc_io {
                 crate::measure::RpcIo::Async => format!(
-                    "RPC window: up to {} calls and {} in flight per client thread",
+                    "RPC window: up to {} calls and {} in flight per client thread{}",
                     self.settings.window,
-                    size_label(self.settings.window_bytes)
+                    size_label(self.settings.window_bytes),
+                    if self.settings.verbs_window_bytes != self.settings.window_bytes
+                        && self
+                            .transports
+                            .iter()
+                            .any(|t| t.transport.starts_with("verbs"))
+                    {
+                        format!(
+                            " ({} on verbs)",
+                            size_label(self.settings.verbs_window_bytes)
+                        )
+                    } else {
+                        String::new()
+                    }
                 ),
                 crate::measure::RpcIo::Blocking => "RPC: blocking (transport_core::rpc::blocking: \
                     the client blocks in recv, one call at a time; a thread per connection on \
@@ -1027,6 +1040,7 @@ pub(crate) mod tests {
             max_calls: 10,
             window: 16,
             window_bytes: 2 << 20,
+            verbs_window_bytes: 8 << 20,
             client_core: Some(0),
             rpc_io: Default::default(),
             heap_payload: false,

@@ -37,6 +37,9 @@ pub struct Settings {
     pub window: usize,
     /// Most payload bytes in flight per client thread (caps `window` for large sizes).
     pub window_bytes: usize,
+    /// The same on verbs ([`Settings::for_verbs`]).
+    #[serde(default = "default_verbs_window_bytes")]
+    pub verbs_window_bytes: usize,
     /// CPU the client threads are pinned to.
     pub client_core: Option<usize>,
     /// How the RPC rows are measured (`--rpc-io`).
@@ -47,7 +50,27 @@ pub struct Settings {
     pub heap_payload: bool,
 }
 
+/// Default of [`Settings::window_bytes`] (`--window-bytes`): 2 MiB.
+pub const WINDOW_BYTES: usize = 2 << 20;
+/// Default of [`Settings::verbs_window_bytes`]: 8 MiB. A 1 MiB echo call over verbs is an RTS
+/// and a READ each way; two calls in flight (2 MiB) left the device idle between them: RPC echo
+/// 1 MiB moved 85-86% of the raw stream with 2 MiB, 94-95% with 4 MiB and 98-99% with 8 MiB
+/// (soft-RoCE guest, 2026-12-03, docs/bench.md).
+pub const VERBS_WINDOW_BYTES: usize = 8 << 20;
+
+fn default_verbs_window_bytes() -> usize {
+    VERBS_WINDOW_BYTES
+}
+
 impl Settings {
+    /// These settings for a verbs run: `verbs_window_bytes` in flight.
+    pub fn for_verbs(&self) -> Settings {
+        Settings {
+            window_bytes: self.verbs_window_bytes,
+            ..self.clone()
+        }
+    }
+
     /// Calls per throughput measurement for `size`.
     pub fn calls_for(&self, size: usize) -> u64 {
         (self.bytes_per_run / size.max(1) as u64).clamp(self.min_calls, self.max_calls)
