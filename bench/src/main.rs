@@ -223,9 +223,10 @@ struct RunArgs {
     window: u64,
     /// Most payload bytes in flight per client thread: a byte-sequence cell of SIZE runs
     /// min(--window, this / SIZE) calls at once (at least 1). Default 2M on uds and tcp, where
-    /// bytes in flight beyond the CPU cache cost more than they hide, and 8M on verbs, whose
-    /// rendezvous moves a large payload after a round trip of its own, so that 2 MiB (two 1 MiB
-    /// calls) left the device idle between them (K/M suffixes allowed; given, it applies to all).
+    /// bytes in flight beyond the CPU cache cost more than they hide, and 8M on verbs (an eighth
+    /// of a locked-memory limit if less, at least 2M), whose rendezvous moves a large payload
+    /// after a round trip of its own, so that 2 MiB (two 1 MiB calls) left the device idle
+    /// between them (K/M suffixes allowed; given, it applies to all).
     #[arg(long, value_parser = parse_bytes)]
     window_bytes: Option<usize>,
     /// Payload bytes per throughput run (K/M suffixes allowed).
@@ -393,7 +394,9 @@ impl RunArgs {
             max_calls: 20_000,
             window: self.window as usize,
             window_bytes: self.window_bytes.unwrap_or(suite::WINDOW_BYTES),
-            verbs_window_bytes: self.window_bytes.unwrap_or(suite::VERBS_WINDOW_BYTES),
+            verbs_window_bytes: self
+                .window_bytes
+                .unwrap_or_else(suite::verbs_window_bytes_here),
             client_core,
             rpc_io: self.rpc_io,
             heap_payload: self.heap_payload,
@@ -1136,12 +1139,13 @@ mod tests {
         let cli = Cli::try_parse_from(["bench"]).unwrap();
         let s = cli.run.settings(None);
         assert_eq!(s.window_for(1 << 20), 2);
-        assert_eq!(s.for_verbs().window_for(1 << 20), 8);
-        assert_eq!(
-            s.for_verbs().window_for(64 << 10),
-            16,
-            "the call limit still holds"
-        );
+        let verbs = s.for_verbs();
+        assert_eq!(verbs.window_bytes, suite::verbs_window_bytes_here());
+        assert!(verbs.window_bytes >= s.window_bytes && verbs.window_bytes <= 8 << 20);
+        if transport_verbs::memlock_budget().is_none_or(|b| b >= 64 << 20) {
+            assert_eq!(verbs.window_for(1 << 20), 8);
+        }
+        assert_eq!(verbs.window_for(64 << 10), 16, "the call limit still holds");
     }
 
     /// The server listens on loopback unless told otherwise, and its help says so.

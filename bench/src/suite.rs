@@ -62,6 +62,20 @@ fn default_verbs_window_bytes() -> usize {
     VERBS_WINDOW_BYTES
 }
 
+/// The verbs window for this process: [`VERBS_WINDOW_BYTES`], or where locked memory is
+/// limited (`transport_verbs::memlock_budget`) an eighth of the limit if less, never below
+/// [`WINDOW_BYTES`]: every byte in flight is registered on both ends (payloads and READ
+/// targets), beside the shared receive queue.
+pub fn verbs_window_bytes_here() -> usize {
+    match transport_verbs::memlock_budget() {
+        Some(limit) => {
+            let eighth = usize::try_from(limit / 8).unwrap_or(usize::MAX);
+            VERBS_WINDOW_BYTES.min(eighth.max(WINDOW_BYTES))
+        }
+        None => VERBS_WINDOW_BYTES,
+    }
+}
+
 impl Settings {
     /// These settings for a verbs run: `verbs_window_bytes` in flight.
     pub fn for_verbs(&self) -> Settings {

@@ -302,8 +302,16 @@ fn capget() -> io::Result<(CapHeader, [CapData; 2])> {
 }
 
 /// The locked memory this thread may register: the soft `RLIMIT_MEMLOCK` in bytes, `None`
-/// when unlimited or when the thread has `CAP_IPC_LOCK` (which lifts the limit).
-pub(crate) fn memlock_budget() -> Option<u64> {
+/// when unlimited or when the thread has `CAP_IPC_LOCK` (which lifts the limit). The shared
+/// receive queue is fitted to half of it; an application sizing how much it keeps in flight
+/// (registered payloads, the peer's READ targets) can ask the same.
+///
+/// ```
+/// if let Some(bytes) = transport_verbs::memlock_budget() {
+///     println!("at most {bytes} bytes of registered memory");
+/// }
+/// ```
+pub fn memlock_budget() -> Option<u64> {
     let limit = memlock_limit()?;
     match capget() {
         Ok((_, d)) if d[0].effective & (1 << CAP_IPC_LOCK) != 0 => None,

@@ -295,6 +295,7 @@ pub use device::{
 };
 pub use domain::MemoryUse;
 pub use error::{ProtocolViolation, VerbsError, WcStatus, WorkRequestKind};
+pub use ffi::memlock_budget;
 #[cfg(feature = "test-hooks")]
 pub use ffi::{drop_ipc_lock_capability, set_memlock_soft_limit};
 
