@@ -324,11 +324,12 @@ async fn client_thread<T: Transport>(
     let caps = conn.capabilities();
     let peer = conn.peer();
     let (mut tx, mut rx) = conn.split();
-    let payload = if job.heap_payload {
-        Bytes::from(vec![0xa5u8; job.size])
+    let pool = if job.heap_payload {
+        Arc::new(transport_core::HeapPool)
     } else {
-        payload_in(&*tx.buffer_pool(), job.size)
+        tx.buffer_pool()
     };
+    let payload = payload_in(&*pool, job.size);
     let mode = match (job.layer, job.op) {
         (Layer::Rpc, _) => proto::MODE_RPC,
         (Layer::Raw, Op::Ping | Op::Echo) => proto::MODE_ECHO,
@@ -409,7 +410,7 @@ fn payload_in(pool: &dyn transport_core::BufferPool, size: usize) -> Bytes {
     match buf.fill(size) {
         Some(b) => b.fill(0xa5),
         // The pool cannot serve this size: heap memory, as without a pool.
-        None => return Bytes::from(vec![0xa5u8; size]),
+        None => return payload_in(&transport_core::HeapPool, size),
     }
     buf.freeze()
 }

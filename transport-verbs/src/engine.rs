@@ -403,11 +403,14 @@ impl<P> Engine<P> {
 
     /// Whether a READ would be handed out now if READs were not held.
     pub(crate) fn read_ready(&self) -> bool {
+        // No more than the window, nor than the peer's queue pair serves at once: a READ
+        // beyond its responder resources would fail the connection.
         let serves = self.peer.map_or(1, |p| p.reads as usize);
         let Some(x) = self.read_queue.front().and_then(|t| self.xfers.get(t)) else {
             return false;
         };
-        // As in `next_read`: a transfer not yet started waits while the application is behind.
+        // A transfer not yet started waits while the application is behind: its target would
+        // be one more payload held for it.
         !self.failed
             && self.reads_in_flight < self.cfg.rendezvous_window.max(1).min(serves)
             && (x.allocated || !self.app_behind())
@@ -916,22 +919,10 @@ impl<P> Engine<P> {
     }
 
     fn next_read(&mut self) -> Option<ReadChunk> {
-        if self.reads_held {
-            return None;
-        }
-        // No more than the window, nor than the peer's queue pair serves at once: a READ
-        // beyond its responder resources would fail the connection.
-        let serves = self.peer.map_or(1, |p| p.reads as usize);
-        if self.reads_in_flight >= self.cfg.rendezvous_window.max(1).min(serves) {
+        if self.reads_held || !self.read_ready() {
             return None;
         }
         let &tag = self.read_queue.front()?;
-        let x = self.xfers.get(&tag)?;
-        // A transfer not yet started waits while the application is behind: its target would
-        // be one more payload held for it.
-        if !x.allocated && self.app_behind() {
-            return None;
-        }
         let x = self.xfers.get_mut(&tag)?;
         let chunk = self.cfg.rendezvous_chunk.max(4096);
         let offset = x.posted;
