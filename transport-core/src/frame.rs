@@ -436,6 +436,19 @@ impl FrameDecoder {
         }
     }
 
+    /// True when `src` holds the whole next frame, so that [`Decoder::decode`] returns it
+    /// without more input. `false` when more bytes are needed, and for a prefix that is
+    /// malformed or over the maximum (decoding those reports an error or skips instead).
+    pub fn holds_frame(&self, src: &[u8]) -> bool {
+        match self.state {
+            State::Prefix => FramePrefix::parse(src).is_ok_and(|p| {
+                p.message_len() <= self.max_message_size as u64 && src.len() >= p.frame_len()
+            }),
+            State::Frame(p) => src.len() >= p.frame_len(),
+            State::Oversized(_) | State::Skip { .. } => false,
+        }
+    }
+
     /// Takes the frame being assembled (see [`Self::pending_prefix`]) out of the decoder, for
     /// a reader that reads the rest of it into a buffer of its own: moves the frame's bytes
     /// that `src` holds (its start, prefix included) into `dst`, and returns the frame's
@@ -550,6 +563,28 @@ mod tests {
             HeaderBytes::new(header).unwrap(),
             Bytes::from_static(payload),
         )
+    }
+
+    /// `holds_frame` is true exactly when `decode` would return a message without more
+    /// input: never for a partial prefix or frame, nor for a frame over the maximum.
+    #[test]
+    fn holds_frame_only_when_a_whole_frame_is_buffered() {
+        let wire = frame(b"hdr", b"payload");
+        let mut d = FrameDecoder::new(1024);
+        for n in 0..wire.len() {
+            assert!(!d.holds_frame(&wire[..n]), "{n} of {} bytes", wire.len());
+        }
+        assert!(d.holds_frame(&wire));
+        // Once the decoder has taken the prefix (a partial decode), the same holds.
+        let mut buf = BytesMut::from(&wire[..PREFIX_LEN + 2]);
+        assert!(d.decode(&mut buf).unwrap().is_none());
+        assert!(!d.holds_frame(&buf));
+        buf.extend_from_slice(&wire[PREFIX_LEN + 2..]);
+        assert!(d.holds_frame(&buf));
+        assert!(d.decode(&mut buf).unwrap().is_some());
+        // Over the maximum: decoding reports it, it is not a message held.
+        let big = frame(b"h", &[0u8; 2048]);
+        assert!(!FrameDecoder::new(1024).holds_frame(&big));
     }
 
     #[test]

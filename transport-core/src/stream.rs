@@ -708,6 +708,10 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
         }
     }
 
+    fn has_buffered_message(&self) -> bool {
+        self.large.is_none() && self.decoder.holds_frame(&self.buf)
+    }
+
     fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }

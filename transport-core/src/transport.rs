@@ -142,6 +142,14 @@ pub trait MessageReceiver: Send + 'static {
         None
     }
 
+    /// Whether the next [`recv`](Self::recv) returns a message that has already arrived
+    /// whole, without waiting for the peer; `false` when not, or when the transport cannot
+    /// tell. The RPC server takes such requests before it writes large replies, and reads
+    /// no further until they are written.
+    fn has_buffered_message(&self) -> bool {
+        false
+    }
+
     /// The connection's counters.
     fn metrics(&self) -> &Arc<Metrics>;
 }

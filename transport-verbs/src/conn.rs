@@ -1364,6 +1364,10 @@ impl MessageReceiver for VerbsReceiver {
         }
     }
 
+    fn has_buffered_message(&self) -> bool {
+        !self.rx.is_empty()
+    }
+
     fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }

@@ -17,7 +17,12 @@ pub(crate) struct Duplex {
 
 impl Duplex {
     pub(crate) fn pair(max_message_size: usize) -> (Duplex, Duplex) {
-        let (a, b) = tokio::io::duplex(1 << 20);
+        Duplex::pair_with_pipe(max_message_size, 1 << 20)
+    }
+
+    /// [`Duplex::pair`] whose two pipes hold at most `pipe` bytes each (a socket buffer).
+    pub(crate) fn pair_with_pipe(max_message_size: usize, pipe: usize) -> (Duplex, Duplex) {
+        let (a, b) = tokio::io::duplex(pipe);
         let config = StreamConfig {
             max_message_size,
             ..StreamConfig::default()
