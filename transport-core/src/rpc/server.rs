@@ -189,9 +189,11 @@ struct Inner<H> {
 /// that are ready with one batched send when there is nothing more to read, so many calls in
 /// flight cost a few writes and client wake-ups instead of one per call. On stream
 /// transports, small replies also wait while the next request is still arriving (at most
-/// 512 KiB of it), so a client streaming large requests gets its replies in batches. A
-/// client must therefore finish writing a message before it waits for the reply to an
-/// earlier one ([`RpcClient`](super::RpcClient) always does).
+/// 512 KiB of it), so a client streaming large requests gets its replies in batches, while
+/// a reply of 256 KiB or more is written before any request that has not arrived whole is
+/// read (an echo server does not hold the next large request and the last large reply at
+/// once). A client must therefore finish writing a message before it waits for the reply to
+/// an earlier one ([`RpcClient`](super::RpcClient) always does).
 ///
 /// ```no_run
 /// # async fn demo<L: transport_core::Listener>(listener: L) -> Result<(), transport_core::TransportError> {
