@@ -186,6 +186,62 @@ fn blocking_and_async_ends_interoperate() {
     async_side.abort();
 }
 
+/// Frames up to `SMALL_FRAME_PAYLOAD` bytes of payload go as one contiguous write, larger
+/// ones as vectored writes: payloads on both sides of that bound (and empty ones) reach an
+/// async server and a blocking server byte for byte, and come back as sent.
+#[test]
+fn small_and_large_frames_arrive_whole() {
+    let rt = runtime();
+    let sizes = [
+        0,
+        1,
+        SMALL_FRAME_PAYLOAD - 1,
+        SMALL_FRAME_PAYLOAD,
+        SMALL_FRAME_PAYLOAD + 1,
+        100_000,
+    ];
+    let payload = |n: usize| (0..n).map(|i| (i * 7 + n) as u8).collect::<Vec<u8>>();
+
+    let (a, b) = UnixStream::pair().unwrap();
+    b.set_nonblocking(true).unwrap();
+    let async_server = super::super::RpcServer::new(handle, ServerConfig::default());
+    let async_side = rt.spawn(async move {
+        let b = tokio::net::UnixStream::from_std(b).unwrap();
+        let conn =
+            crate::stream::StreamConnection::new(b, "uds", Default::default(), "pair".into());
+        async_server.serve_connection(conn).await
+    });
+    let mut client = BlockingClient::new(a, BlockingConfig::default()).unwrap();
+    bounded(move || {
+        for n in sizes {
+            let p = payload(n);
+            assert_eq!(
+                client.call(ECHO, &p).unwrap(),
+                p,
+                "{n} bytes to the async server"
+            );
+        }
+    });
+    async_side.abort();
+
+    let s = server(&rt, ServerConfig::default(), BlockingConfig::default());
+    let (a, _done) = served(&s);
+    let mut client = BlockingClient::new(a, BlockingConfig::default()).unwrap();
+    bounded(move || {
+        for n in sizes {
+            let p = payload(n);
+            assert_eq!(
+                client.call(ECHO, &p).unwrap(),
+                p,
+                "{n} bytes to the blocking server"
+            );
+            client.oneway(ECHO, &p).unwrap();
+        }
+        // The oneways were read in order (an answer after them means they were taken).
+        assert_eq!(client.call(ECHO, b"end").unwrap(), &b"end"[..]);
+    });
+}
+
 #[test]
 fn a_call_past_its_deadline_fails_and_its_late_answer_is_skipped() {
     let rt = runtime();
