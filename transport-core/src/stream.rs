@@ -1,7 +1,8 @@
 //! Message connections over any byte stream (the shared half of the TCP and Unix backends).
 //!
 //! [`StreamSender`] writes each message as prefix + header + payload with one vectored write
-//! (the payload is never copied into a staging buffer); [`StreamReceiver`] reads into a buffer
+//! (the payload is never copied into a staging buffer; a frame without payload goes by a plain
+//! write); [`StreamReceiver`] reads into a buffer
 //! and hands payloads out as zero-copy slices of it. A frame larger than the read buffer is
 //! read straight into a buffer of its own size taken from a small per-connection pool: the
 //! buffer goes back to the pool when the last view of the payload drops, so a steady stream of
@@ -157,7 +158,9 @@ impl Default for StreamConfig {
 /// The sending half of a stream connection.
 ///
 /// Messages are queued as (prefix + header, payload) pairs and written with vectored writes
-/// straight from the caller's [`Bytes`]: no payload copy. The queue is also what makes `send`
+/// straight from the caller's [`Bytes`]: no payload copy. What is left to write in one piece
+/// (a frame with an empty payload) is written with a plain `write`, which costs the kernel
+/// less than a one-element `writev`. The queue is also what makes `send`
 /// cancel safe: a frame whose future was dropped half-written stays at the front of the queue
 /// and the next operation finishes it, so the stream never carries half a frame.
 #[derive(Debug)]
