@@ -386,41 +386,32 @@ fn write_frame<S: Write>(
     metrics: &Metrics,
 ) -> io::Result<()> {
     const HEAD: usize = PREFIX_LEN + RPC_HEADER_LEN;
-    if payload.len() <= SMALL_FRAME_PAYLOAD {
-        // One contiguous frame and a plain write(2): the kernel need not import an iovec
-        // array (a `void o()` call and its reply are frames of 32 bytes).
-        let mut frame = [0u8; HEAD + SMALL_FRAME_PAYLOAD];
-        frame[..PREFIX_LEN].copy_from_slice(&encode_prefix(RPC_HEADER_LEN, payload.len()));
-        frame[PREFIX_LEN..HEAD].copy_from_slice(&header.encode());
-        frame[HEAD..HEAD + payload.len()].copy_from_slice(payload);
-        let mut rest = &frame[..HEAD + payload.len()];
-        while !rest.is_empty() {
-            metrics.syscalls.incr();
-            match socket.write(rest) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    metrics.bytes_sent.add(n as u64);
-                    rest = &rest[n..];
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        metrics.messages_sent.incr();
-        return Ok(());
-    }
-    let mut head = [0u8; HEAD];
+    // A small payload is copied behind the header: the frame is one part.
+    let small = payload.len() <= SMALL_FRAME_PAYLOAD;
+    let mut head = [0u8; HEAD + SMALL_FRAME_PAYLOAD];
     head[..PREFIX_LEN].copy_from_slice(&encode_prefix(RPC_HEADER_LEN, payload.len()));
-    head[PREFIX_LEN..].copy_from_slice(&header.encode());
-    let mut parts = [IoSlice::new(&head), IoSlice::new(payload)];
-    let mut slices: &mut [IoSlice<'_>] = if payload.is_empty() {
+    head[PREFIX_LEN..HEAD].copy_from_slice(&header.encode());
+    let (head, rest) = if small {
+        head[HEAD..HEAD + payload.len()].copy_from_slice(payload);
+        (&head[..HEAD + payload.len()], &[][..])
+    } else {
+        (&head[..HEAD], payload)
+    };
+    let mut parts = [IoSlice::new(head), IoSlice::new(rest)];
+    let mut slices: &mut [IoSlice<'_>] = if rest.is_empty() {
         &mut parts[..1]
     } else {
         &mut parts[..]
     };
     while !slices.is_empty() {
         metrics.syscalls.incr();
-        match socket.write_vectored(slices) {
+        // One part left: a plain write(2), which spares the kernel importing an iovec array
+        // (a `void o()` call and its reply are frames of 32 bytes).
+        let written = match &*slices {
+            [one] => socket.write(one),
+            more => socket.write_vectored(more),
+        };
+        match written {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => {
                 metrics.bytes_sent.add(n as u64);
