@@ -776,33 +776,37 @@ mod tests {
         tokio::io::WriteHalf<tokio::io::DuplexStream>,
         crate::stream::StreamReceiver<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
     ) {
-        server_on_raw_stream_with(false, 1 << 20)
+        let (w, replies, _) = server_on_raw_stream_with(
+            |req: Request| async move {
+                Ok::<_, Status>(Bytes::copy_from_slice(&req.payload.len().to_le_bytes()))
+            },
+            1 << 20,
+        );
+        (w, replies)
     }
 
-    /// [`server_on_raw_stream`], answering every request with its payload when `echo`, over
-    /// pipes of `pipe` bytes.
-    fn server_on_raw_stream_with(
-        echo: bool,
+    /// [`server_on_raw_stream`] with `handler`, over pipes of `pipe` bytes; also returns the
+    /// server connection's counters.
+    fn server_on_raw_stream_with<H: Handler>(
+        handler: H,
         pipe: usize,
     ) -> (
         tokio::io::WriteHalf<tokio::io::DuplexStream>,
         crate::stream::StreamReceiver<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
+        Arc<Metrics>,
     ) {
         let (client_end, server_end) = Duplex::pair_with_pipe(8 << 20, pipe);
-        let server = RpcServer::new(
-            move |req: Request| async move {
-                Ok::<_, Status>(if echo {
-                    req.payload
-                } else {
-                    Bytes::copy_from_slice(&req.payload.len().to_le_bytes())
-                })
-            },
-            ServerConfig::default(),
-        );
+        let server_metrics = server_end.metrics();
+        let server = RpcServer::new(handler, ServerConfig::default());
         tokio::spawn(async move { server.serve_connection(server_end).await });
         let (r, w) = tokio::io::split(client_end.io);
         let replies = crate::stream::StreamReceiver::new(r, Arc::default(), &client_end.config);
-        (w, replies)
+        (w, replies, server_metrics)
+    }
+
+    /// Answers every request with its payload.
+    async fn echo(req: Request) -> Result<Bytes, Status> {
+        Ok(req.payload)
     }
 
     async fn reply_id<R: MessageReceiver>(replies: &mut R) -> u64 {
@@ -849,7 +853,7 @@ mod tests {
     #[tokio::test]
     async fn large_replies_do_not_wait_for_a_request_that_is_arriving() {
         use tokio::io::AsyncWriteExt;
-        let (mut w, mut replies) = server_on_raw_stream_with(true, 1 << 20);
+        let (mut w, mut replies, _) = server_on_raw_stream_with(echo, 1 << 20);
         let a = request_frame(1, &vec![7u8; Replies::HOLD_REPLY_BYTES]);
         let b = request_frame(2, &[7u8; 32 << 10]);
         w.write_all(&[&a[..], &b[..1000]].concat()).await.unwrap();
@@ -867,13 +871,11 @@ mod tests {
     async fn large_replies_are_written_before_the_next_request_is_read() {
         use tokio::io::AsyncWriteExt;
         const PIPE: usize = 2 * Replies::READ_AHEAD_REPLY_BYTES;
-        let (client_end, server_end) = Duplex::pair_with_pipe(8 << 20, PIPE);
-        let server_metrics = server_end.metrics();
         // A tiny request gets a reply larger than the pipe (and smaller than a full batch);
         // others are echoed.
         const LARGE: usize = PIPE + PIPE / 2;
         const { assert!(LARGE < Replies::MAX_BYTES) };
-        let server = RpcServer::new(
+        let (mut w, mut replies, server_metrics) = server_on_raw_stream_with(
             |req: Request| async move {
                 Ok::<_, Status>(if req.payload.len() < 64 {
                     Bytes::from(vec![0u8; LARGE])
@@ -881,11 +883,8 @@ mod tests {
                     req.payload
                 })
             },
-            ServerConfig::default(),
+            PIPE,
         );
-        tokio::spawn(async move { server.serve_connection(server_end).await });
-        let (r, mut w) = tokio::io::split(client_end.io);
-        let mut replies = crate::stream::StreamReceiver::new(r, Arc::default(), &client_end.config);
         let second = vec![8u8; 2 * crate::stream::DEFAULT_READ_BUFFER];
         let bytes = [request_frame(1, b"a"), request_frame(2, &second)].concat();
         assert!(bytes.len() < PIPE);

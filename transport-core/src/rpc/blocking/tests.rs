@@ -61,6 +61,23 @@ fn idle_server(rt: &tokio::runtime::Runtime) -> Server {
     server(rt, sc, BlockingConfig::default())
 }
 
+/// The async [`RpcServer`](super::super::RpcServer) serving one end of a socket pair on
+/// `rt`; returns the other end and the server's task.
+fn async_served(
+    rt: &tokio::runtime::Runtime,
+) -> (UnixStream, tokio::task::JoinHandle<Result<(), RpcError>>) {
+    let (a, b) = UnixStream::pair().unwrap();
+    b.set_nonblocking(true).unwrap();
+    let async_server = super::super::RpcServer::new(handle, ServerConfig::default());
+    let task = rt.spawn(async move {
+        let b = tokio::net::UnixStream::from_std(b).unwrap();
+        let conn =
+            crate::stream::StreamConnection::new(b, "uds", Default::default(), "pair".into());
+        async_server.serve_connection(conn).await
+    });
+    (a, task)
+}
+
 /// A server serving one end of a socket pair on its own thread; returns the other end and
 /// the thread's result.
 fn served(s: &Server) -> (UnixStream, mpsc::Receiver<Result<(), RpcError>>) {
@@ -139,15 +156,7 @@ fn calls_are_answered_over_unix_and_tcp_listeners() {
 #[test]
 fn blocking_and_async_ends_interoperate() {
     let rt = runtime();
-    let (a, b) = UnixStream::pair().unwrap();
-    b.set_nonblocking(true).unwrap();
-    let async_server = super::super::RpcServer::new(handle, ServerConfig::default());
-    let async_side = rt.spawn(async move {
-        let b = tokio::net::UnixStream::from_std(b).unwrap();
-        let conn =
-            crate::stream::StreamConnection::new(b, "uds", Default::default(), "pair".into());
-        async_server.serve_connection(conn).await
-    });
+    let (a, async_side) = async_served(&rt);
     let mut client = BlockingClient::new(a, BlockingConfig::default()).unwrap();
     let got = bounded(move || client.call(ECHO, b"to async").unwrap());
     assert_eq!(got, &b"to async"[..]);
@@ -202,15 +211,7 @@ fn small_and_large_frames_arrive_whole() {
     ];
     let payload = |n: usize| (0..n).map(|i| (i * 7 + n) as u8).collect::<Vec<u8>>();
 
-    let (a, b) = UnixStream::pair().unwrap();
-    b.set_nonblocking(true).unwrap();
-    let async_server = super::super::RpcServer::new(handle, ServerConfig::default());
-    let async_side = rt.spawn(async move {
-        let b = tokio::net::UnixStream::from_std(b).unwrap();
-        let conn =
-            crate::stream::StreamConnection::new(b, "uds", Default::default(), "pair".into());
-        async_server.serve_connection(conn).await
-    });
+    let (a, async_side) = async_served(&rt);
     let mut client = BlockingClient::new(a, BlockingConfig::default()).unwrap();
     bounded(move || {
         for n in sizes {
