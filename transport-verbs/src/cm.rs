@@ -6,7 +6,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sideway::ibverbs::completion::CompletionChannel;
 use sideway::ibverbs::queue_pair::QueuePairState;
 use sideway::ibverbs::AccessFlags;
 use sideway::rdmacm::communication_manager::{
@@ -16,12 +15,15 @@ use tokio::sync::mpsc;
 use transport_core::TransportError;
 
 use crate::config::VerbsConfig;
+use crate::cq_pump::CqRoute;
 use crate::domain::{Domains, Member};
 use crate::ffi::{Access, Endpoint, OwnedRegion, RawQp, RecvQueue, CTRL_SLOT};
 use crate::pool::{Pool, PoolBuf};
 
 /// The verbs resources of one connection.
 pub(crate) struct Resources {
+    /// Wakes the connection's driver at its CQ's events; dropped before the endpoint.
+    pub(crate) cq_route: CqRoute,
     pub(crate) ep: Endpoint<PoolBuf>,
     pub(crate) pool: Pool,
     pub(crate) metrics: Arc<transport_core::Metrics>,
@@ -252,9 +254,6 @@ fn resources(
         )
     })?;
     let pd = domain.pd.clone();
-    let comp =
-        CompletionChannel::new(&ctx).map_err(|e| cm_err("ibv_create_comp_channel", addr, e))?;
-    comp.set_nonblocking(true)?;
     let recv = match (mode, &domain.srq) {
         (RecvMode::Shared, Some(s)) => RecvQueue::Shared(s.clone()),
         _ => RecvQueue::Own(cfg.recv_depth),
@@ -266,7 +265,7 @@ fn resources(
     let cq = ctx
         .create_cq_builder()
         .setup_cqe(cqe)
-        .setup_comp_channel(&comp, 0)
+        .setup_comp_channel(domain.cq_pump.channel(), 0)
         .build()
         .map_err(|e| cm_err("ibv_create_cq", addr, e))?;
     let mut inline = cfg.inline_size as u32;
@@ -292,7 +291,6 @@ fn resources(
     let ep = Endpoint::new(
         qp,
         cq,
-        comp,
         pd.clone(),
         ctrl,
         cfg.send_depth,
@@ -304,7 +302,9 @@ fn resources(
         RecvQueue::Own(depth) => depth * cfg.recv_buf_size(),
     };
     let member = domain.join(cfg.send_depth * CTRL_SLOT, posted);
+    let cq_route = domain.cq_pump.route(ep.cq_key(), metrics.clone());
     Ok(Resources {
+        cq_route,
         ep,
         pool,
         metrics,

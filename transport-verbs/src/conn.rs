@@ -8,9 +8,9 @@
 //! - The sender hands its message to the engine and posts it on its own task.
 //! - The receiver, while the spin budget runs, polls the CQ on its own task and holds a lease
 //!   on it, so a reply within the budget reaches it without a hop through another task.
-//! - The driver waits on the completion channel fd (tokio `AsyncFd`), or spins while the
-//!   budget runs and no receiver holds the lease, and on rdma_cm events and the engine's next
-//!   deadline. It takes over whatever the halves leave: credits and completions while nobody
+//! - The driver waits for its CQ's next event (routed by the device's pump thread,
+//!   `cq_pump.rs`), or spins while the budget runs and no receiver holds the lease, and on
+//!   rdma_cm events and the engine's next deadline. It takes over whatever the halves leave: credits and completions while nobody
 //!   waits, deadlines, the peer leaving, the teardown.
 
 use std::collections::HashMap;
@@ -21,9 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use sideway::ibverbs::completion::CompletionChannel;
 use sideway::rdmacm::communication_manager::{EventType, Identifier};
-use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot, Notify};
 use transport_core::{
     BackendError, BufferPool, Capabilities, Connection, HeaderBytes, Message, MessageReceiver,
@@ -32,9 +30,10 @@ use transport_core::{
 
 use crate::cm::{CmMsg, Established};
 use crate::config::VerbsConfig;
+use crate::cq_pump::CqRoute;
 use crate::engine::{self, Engine, OutMsg, RecvBuf, Work, MAX_WRS_PER_WORK};
 use crate::error::{VerbsError, WorkRequestKind};
-use crate::ffi::{ChannelFd, Completion, Endpoint, HeldBytes, ReadSpec, SqLocal, WcFailure};
+use crate::ffi::{Completion, Endpoint, HeldBytes, ReadSpec, SqLocal, WcFailure};
 use crate::pool::{Pool, PoolBuf};
 use crate::proto::TH_LEN;
 
@@ -195,7 +194,6 @@ pub(crate) fn start(
         events,
         peer,
     } = est;
-    let cq_fd = crate::ffi::watch(res.ep.channel_fd())?;
     let (dtx, drx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared::default());
     let caps = cfg.capabilities();
@@ -248,7 +246,7 @@ pub(crate) fn start(
         core: core.clone(),
     };
     let driver = Driver {
-        cq_fd: Some(cq_fd),
+        cq_route: Some(res.cq_route),
         core,
         cfg,
         device: res.device.clone(),
@@ -778,8 +776,9 @@ impl Core {
 }
 
 struct Driver {
-    // Dropped before the endpoint (it watches the endpoint's channel fd).
-    cq_fd: Option<AsyncFd<ChannelFd<CompletionChannel>>>,
+    /// Wakes the driver at its CQ's completion events (the CQ is armed before it sleeps);
+    /// dropped before the endpoint.
+    cq_route: Option<CqRoute>,
     core: Arc<Mutex<Core>>,
     cfg: Arc<VerbsConfig>,
     device: String,
@@ -847,13 +846,13 @@ impl Driver {
                 self.lease.as_mut().reset(tokio::time::Instant::from_std(t));
             }
             let shared = self.shared.clone();
-            let cq_fd = self.cq_fd.as_ref().expect("fd lives until teardown");
+            let cq_route = self
+                .cq_route
+                .as_ref()
+                .expect("the route lives until teardown");
             let wake = tokio::select! {
                 biased;
-                r = cq_fd.readable(), if !busy && !deferring => {
-                    if let Ok(mut g) = r { g.clear_ready(); }
-                    Wake::Cq
-                }
+                _ = cq_route.woken(), if !busy && !deferring => Wake::Cq,
                 m = self.cm_rx.recv() => Wake::Cm(m),
                 _ = shared.kick.notified() => Wake::Other,
                 _ = tokio::task::yield_now(), if busy => Wake::Other,
@@ -865,17 +864,8 @@ impl Driver {
             core.parked = false;
             core.deferring = false;
             match wake {
-                Wake::Cq => {
-                    core.active();
-                    match core.ep().take_events() {
-                        // One read(2) per event plus the one that finds the channel empty.
-                        Ok(n) => self.metrics.syscalls.add(u64::from(n) + 1),
-                        Err(e) => {
-                            let f = device_fail("ibv_get_cq_event", &self.device, e);
-                            core.fail(f);
-                        }
-                    }
-                }
+                // The device's pump read and acknowledged the event (and counted its reads).
+                Wake::Cq => core.active(),
                 Wake::Cm(Some(m)) => {
                     core.active();
                     core.on_cm(m.kind);
@@ -983,7 +973,7 @@ impl Driver {
             core.shared.room.notify_one();
             (core.ep.take(), std::mem::take(&mut core.targets))
         };
-        drop(self.cq_fd.take());
+        drop(self.cq_route.take());
         let id = self.id.take();
         let member = self.member.take();
         let work = move || {

@@ -17,6 +17,7 @@ use sideway::ibverbs::device_context::DeviceContext;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 
 use crate::config::VerbsConfig;
+use crate::cq_pump::CqPump;
 use crate::ffi::Srq;
 use crate::pool::{PoolBuf, SharedPool};
 
@@ -30,6 +31,8 @@ pub(crate) struct Domain {
     /// RDMA READs a queue pair keeps outstanding and serves at once: `read_depth` within the
     /// device's limits.
     pub(crate) read_depth: u8,
+    /// The completion channel of every connection's CQ on this device, and its pump.
+    pub(crate) cq_pump: Arc<CqPump>,
     /// Bytes registered by connections for themselves (their send slots), right now.
     own: Arc<AtomicUsize>,
     /// Bytes of pool buffers posted as receive buffers by connections, right now.
@@ -170,11 +173,13 @@ impl Domains {
             .read_depth
             .min(usize::try_from(device_reads).unwrap_or(1))
             .clamp(1, 255) as u8;
+        let cq_pump = CqPump::start(ctx, device)?;
         let d = Arc::new(Domain {
             pd,
             pool,
             srq,
             read_depth,
+            cq_pump,
             own: Arc::default(),
             posted: Arc::default(),
             connections: Arc::default(),

@@ -22,7 +22,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -506,16 +505,6 @@ pub(crate) enum Completion<B> {
     },
 }
 
-/// The file descriptor of a channel (completion or rdma_cm event channel), holding the channel
-/// so that the fd stays open for as long as anything watches it.
-pub(crate) struct ChannelFd<T: AsRawFd>(pub(crate) Arc<T>);
-
-impl<T: AsRawFd> AsRawFd for ChannelFd<T> {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-}
-
 /// Waits up to `timeout` for `fd` to become readable (poll(2)): `Ok(false)` on timeout.
 pub(crate) fn wait_readable(
     fd: std::os::fd::RawFd,
@@ -541,13 +530,54 @@ pub(crate) fn wait_readable(
     }
 }
 
-/// Watches a channel's (non-blocking) fd with tokio.
-pub(crate) fn watch<T: AsRawFd>(
-    fd: ChannelFd<T>,
-) -> io::Result<tokio::io::unix::AsyncFd<ChannelFd<T>>> {
-    // SAFETY: `ChannelFd` holds the channel, so the fd stays open until the `AsyncFd` (which
-    // deregisters it on drop) is gone; nothing else closes it.
-    unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
+/// One completion event read from a completion channel that several CQs share: names its CQ
+/// and acknowledges the event when dropped.
+///
+/// `ibv_destroy_cq` waits until every event read for the CQ has been acknowledged, so the CQ
+/// this event names stays alive (and its address names no other CQ) for as long as the event
+/// lives: look the CQ up, then drop the event.
+pub(crate) struct CqEvent {
+    cq: NonNull<sys::ibv_cq>,
+}
+
+// SAFETY: the event only carries the CQ's address and acknowledges it once; libibverbs
+// acknowledges under the CQ's own mutex, from any thread.
+unsafe impl Send for CqEvent {}
+
+impl CqEvent {
+    /// Reads the next event from a non-blocking channel: `Ok(None)` when there is none.
+    pub(crate) fn next(channel: &CompletionChannel) -> io::Result<Option<CqEvent>> {
+        let mut cq: *mut sys::ibv_cq = std::ptr::null_mut();
+        let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: the channel is valid while `channel` is borrowed; the out-pointers are valid
+        // locals. A non-blocking channel returns -1 with EAGAIN when it holds no event.
+        let rc =
+            unsafe { sys::ibv_get_cq_event(channel.comp_channel().as_ptr(), &mut cq, &mut ctx) };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock => Ok(None),
+                _ => Err(e),
+            };
+        }
+        match NonNull::new(cq) {
+            Some(cq) => Ok(Some(CqEvent { cq })),
+            None => Err(io::Error::other("ibv_get_cq_event returned no CQ")),
+        }
+    }
+
+    /// The CQ the event is for, as the key [`Endpoint::cq_key`] gives.
+    pub(crate) fn cq_key(&self) -> usize {
+        self.cq.as_ptr() as usize
+    }
+}
+
+impl Drop for CqEvent {
+    fn drop(&mut self) {
+        // SAFETY: the event was read for this CQ and not yet acknowledged, so the CQ cannot
+        // have been destroyed (its destruction waits for this acknowledgement).
+        unsafe { sys::ibv_ack_cq_events(self.cq.as_ptr(), 1) };
+    }
 }
 
 /// A work completion's status: success, or the failure it reports.
@@ -605,10 +635,9 @@ pub(crate) struct Endpoint<B: LocalMemory> {
     qp: Option<RawQp>,
     exposed: HashMap<u32, Exposure>,
     free_windows: Vec<Window>,
+    /// Holds its completion channel (shared by the device's CQs) until it is destroyed.
     cq: Arc<BasicCompletionQueue>,
-    channel: Arc<CompletionChannel>,
     pd: Arc<ProtectionDomain>,
-    unacked_events: u32,
     ctrl: OwnedRegion,
     sq: VecDeque<(u64, SqEntry<B>)>,
     next_seq: u64,
@@ -639,7 +668,6 @@ impl<B: LocalMemory> Endpoint<B> {
     pub(crate) fn new(
         qp: RawQp,
         cq: Arc<BasicCompletionQueue>,
-        channel: Arc<CompletionChannel>,
         pd: Arc<ProtectionDomain>,
         ctrl: OwnedRegion,
         sq_depth: usize,
@@ -655,9 +683,7 @@ impl<B: LocalMemory> Endpoint<B> {
             exposed: HashMap::new(),
             free_windows: Vec::new(),
             cq,
-            channel,
             pd,
-            unacked_events: 0,
             ctrl,
             sq: VecDeque::with_capacity(sq_depth),
             next_seq: 0,
@@ -679,8 +705,10 @@ impl<B: LocalMemory> Endpoint<B> {
         }
     }
 
-    pub(crate) fn channel_fd(&self) -> ChannelFd<CompletionChannel> {
-        ChannelFd(self.channel.clone())
+    /// Names this endpoint's CQ among the CQs of its completion channel ([`CqEvent::cq_key`]).
+    pub(crate) fn cq_key(&self) -> usize {
+        // SAFETY: only the address is taken; nothing is dereferenced.
+        unsafe { self.cq.cq() }.as_ptr() as usize
     }
 
     pub(crate) fn inline_max(&self) -> usize {
@@ -1251,35 +1279,6 @@ impl<B: LocalMemory> Endpoint<B> {
         Ok(())
     }
 
-    /// Reads every pending completion event from the (non-blocking) channel and acknowledges it.
-    pub(crate) fn take_events(&mut self) -> io::Result<u32> {
-        let mut n = 0;
-        loop {
-            let mut cq: *mut sys::ibv_cq = std::ptr::null_mut();
-            let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
-            // SAFETY: the channel is valid while `self.channel` lives and is non-blocking; the
-            // out-pointers are valid locals.
-            let rc = unsafe {
-                sys::ibv_get_cq_event(self.channel.comp_channel().as_ptr(), &mut cq, &mut ctx)
-            };
-            if rc != 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::WouldBlock {
-                    break;
-                }
-                return Err(e);
-            }
-            n += 1;
-            self.unacked_events += 1;
-        }
-        if self.unacked_events > 0 {
-            // SAFETY: acknowledges events read above from this CQ's channel.
-            unsafe { sys::ibv_ack_cq_events(self.cq.cq().as_ptr(), self.unacked_events) };
-            self.unacked_events = 0;
-        }
-        Ok(n)
-    }
-
     /// Moves the QP to the error state: every outstanding work request completes (flushed).
     /// A QP that receives through a shared receive queue has no receives of its own to flush,
     /// so a signaled empty SEND is posted after the transition: its flushed completion tells
@@ -1344,11 +1343,6 @@ impl<B: LocalMemory> Drop for Endpoint<B> {
             }
             let _ = srq.post(&mut bufs);
             let _ = srq.refill();
-        }
-        // Every event read from the channel must be acknowledged before the CQ is destroyed.
-        if self.unacked_events > 0 {
-            // SAFETY: the CQ is still alive (fields drop after this body).
-            unsafe { sys::ibv_ack_cq_events(self.cq.cq().as_ptr(), self.unacked_events) };
         }
     }
 }

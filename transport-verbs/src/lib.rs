@@ -107,13 +107,15 @@
 //! - **Resources per device.** A [`VerbsTransport`] (and its clones) has one protection
 //!   domain, one registered buffer pool and one registration cache per device (`domain.rs`,
 //!   after libfabric's domain), and one rdma_cm event channel whose events a thread routes to
-//!   the identifiers, and one shared receive queue per device. What a connection holds for
-//!   itself is its queue pair, CQ, completion channel and send slots (`send_depth` × 128
+//!   the identifiers, and one shared receive queue and one completion channel per device. What
+//!   a connection holds for itself is its queue pair, CQ and send slots (`send_depth` × 128
 //!   bytes: 16 KiB registered with the defaults), plus its own receive buffers only with
 //!   `srq_depth = 0`. [`VerbsTransport::memory_use`] reports both parts.
-//! - **Completions.** One CQ per connection, armed through a completion channel whose fd sits
-//!   on tokio's `AsyncFd`; every wake drains the CQ completely and posts everything credits
-//!   allow with one doorbell. Sends are signaled selectively: the last of each batch and at
+//! - **Completions.** One CQ per connection, armed through the device's completion channel:
+//!   one thread per device reads the channel and wakes the driver of the connection whose CQ
+//!   the event names (`cq_pump.rs`), on whichever runtime that connection lives, so no
+//!   connection costs a file descriptor; every wake drains the CQ completely and posts
+//!   everything credits allow with one doorbell. Sends are signaled selectively: the last of each batch and at
 //!   least one per quarter of the send queue; a completion releases every buffer up to it.
 //! - **Adaptive polling.** After any activity (a completion, a message to send, an rdma_cm
 //!   event) the connection keeps polling the CQ for `poll_spin` (default 1 ms) before it arms
@@ -276,6 +278,7 @@ pub mod test_peer;
 mod cm;
 mod config;
 mod conn;
+mod cq_pump;
 mod domain;
 mod engine;
 pub mod link;

@@ -1,6 +1,8 @@
 //! Adaptive polling (`VerbsConfig::poll_spin`): replies that come within the spin budget cost
 //! no completion-channel system call and are taken from the device on the receiving task
-//! itself (no hand-off from the driver task), and idle connections do not spin.
+//! itself (no hand-off from the driver task), and idle connections do not spin. Without a
+//! budget, completion events (one channel per device, read by one pump thread) wake each
+//! connection's own driver, on whichever runtime it lives.
 
 mod common;
 
@@ -256,8 +258,9 @@ fn idle_connections_stop_spinning_after_the_budget() {
         tokio::time::sleep(window).await;
         let used = cpu_time() - cpu0;
         // What woke: context switches and CPU ticks per thread over the window. The test's
-        // own thread (it sleeps once and reads /proc) and the rdma_cm thread (a check per
-        // second, whatever the number of connections) are not the connections' doing.
+        // own thread (it sleeps once and reads /proc), the rdma_cm thread and the device's
+        // completion-event pump (a check per second each, whatever the number of connections)
+        // are not the connections' doing.
         let me = std::fs::read_link("/proc/thread-self")
             .ok()
             .and_then(|p| p.file_name()?.to_str()?.parse::<u32>().ok());
@@ -268,7 +271,7 @@ fn idle_connections_stop_spinning_after_the_budget() {
             if woke > 0 || ticks > 0 {
                 eprintln!("  thread {tid} {name}: {woke} wake-ups, {ticks} CPU ticks");
             }
-            if Some(tid) != me && name != "verbs-rdma-cm" {
+            if Some(tid) != me && name != "verbs-rdma-cm" && !name.starts_with("verbs-cq-") {
                 wakeups += woke;
             }
         }
@@ -295,5 +298,125 @@ fn idle_connections_stop_spinning_after_the_budget() {
             share * 100.0
         );
         drop(kept);
+    });
+}
+
+/// Event mode (`poll_spin` 0): `rounds` calls on each of `conns.len()` connections at once,
+/// every reply checked to be its own connection's.
+async fn calls_on_all(
+    conns: &mut Vec<(transport_verbs::VerbsSender, transport_verbs::VerbsReceiver)>,
+    rounds: usize,
+) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, (mut tx, mut rx)) in conns.drain(..).enumerate() {
+        tasks.spawn(async move {
+            for r in 0..rounds {
+                let body = Bytes::from(format!("connection {i} call {r}"));
+                tx.send(Message::new(HeaderBytes::EMPTY, body.clone()))
+                    .await
+                    .unwrap_or_else(|e| panic!("connection {i} send {r}: {e}"));
+                let m = rx.recv().await.expect("recv").expect("open");
+                assert_eq!(m.payload, body, "connection {i} got another's reply");
+            }
+            (i, tx, rx)
+        });
+    }
+    let mut back = Vec::new();
+    while let Some(t) = tasks.join_next().await {
+        back.push(t.expect("caller task"));
+    }
+    back.sort_by_key(|(i, _, _)| *i);
+    conns.extend(back.into_iter().map(|(_, tx, rx)| (tx, rx)));
+}
+
+/// Echoes every message back until the stream ends.
+fn echo(mut server: (transport_verbs::VerbsSender, transport_verbs::VerbsReceiver)) {
+    tokio::spawn(async move {
+        while let Ok(Some(m)) = server.1.recv().await {
+            if server.0.send(m).await.is_err() {
+                break;
+            }
+        }
+    });
+}
+
+#[test]
+fn each_connection_is_woken_by_its_own_completion_events() {
+    let Some(addr) = common::listen_addr_or_skip("polling_events") else {
+        return;
+    };
+    const CONNS: usize = 16;
+    const ROUNDS: usize = 30;
+    common::run(async move {
+        let mut config = VerbsConfig::default();
+        config.poll_spin = Duration::ZERO;
+        let verbs = VerbsTransport::new(config).expect("transport");
+        let mut listener = verbs.listen(&addr).await.expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let mut conns = Vec::new();
+        let mut metrics = Vec::new();
+        for _ in 0..CONNS {
+            let conn = verbs.connect(&addr).await.expect("connect");
+            echo(listener.accept().await.expect("accept").split());
+            metrics.push(conn.metrics());
+            conns.push(conn.split());
+        }
+        let before: Vec<_> = metrics.iter().map(|m| m.snapshot()).collect();
+        // Every wait sleeps on the CQ: each reply reaches its caller only if the pump routes
+        // its CQ's event to that connection's driver (a lost or misrouted event hangs a
+        // caller until the test's time limit).
+        calls_on_all(&mut conns, ROUNDS).await;
+        for (i, (m, b)) in metrics.iter().zip(before).enumerate() {
+            let d = m.snapshot() - b;
+            // Each wait for a reply arms the CQ, and its event is read by the pump and counted
+            // to this connection: at least one system call per call.
+            assert!(
+                d.syscalls >= ROUNDS as u64,
+                "connection {i}: {} completion-channel system calls in {ROUNDS} calls",
+                d.syscalls
+            );
+        }
+    });
+}
+
+#[test]
+fn connections_keep_their_events_after_the_runtime_that_made_the_device_ready_ends() {
+    let Some(addr) = common::listen_addr_or_skip("polling_runtimes") else {
+        return;
+    };
+    let mut config = VerbsConfig::default();
+    config.poll_spin = Duration::ZERO;
+    let verbs = VerbsTransport::new(config).expect("transport");
+    // The first connection on the device (which sets up its domain and completion channel)
+    // lives on a runtime of its own, which then ends with it.
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let v = verbs.clone();
+    first.block_on(async move {
+        tokio::time::timeout(Duration::from_secs(60), async move {
+            let mut listener = v.listen(&addr).await.expect("listen");
+            let addr = listener.local_addr().expect("addr");
+            let conn = v.connect(&addr).await.expect("connect");
+            echo(listener.accept().await.expect("accept").split());
+            let mut conns = vec![conn.split()];
+            calls_on_all(&mut conns, 3).await;
+        })
+        .await
+        .expect("first runtime's calls hung");
+    });
+    first.shutdown_timeout(Duration::from_secs(2));
+    // Connections made afterwards on another runtime still get their completion events.
+    common::run(async move {
+        let mut listener = verbs.listen(&addr).await.expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let mut conns = Vec::new();
+        for _ in 0..4 {
+            let conn = verbs.connect(&addr).await.expect("connect");
+            echo(listener.accept().await.expect("accept").split());
+            conns.push(conn.split());
+        }
+        calls_on_all(&mut conns, 20).await;
     });
 }
