@@ -75,16 +75,24 @@ pub fn timestamp() -> String {
     )
 }
 
-/// A virtio NIC on a UDP socket "wire" to the peer guest.
+/// A virtio NIC on a "wire" to the peer guest: this guest's end of a Unix stream socket pair,
+/// over which QEMU sends each Ethernet frame with a length prefix.
+///
+/// A stream, not UDP datagrams on 127.0.0.1 (the first wire): a burst of RDMA READ responses
+/// overflowed the host's UDP receive buffer (208 KiB by default), the frames were dropped
+/// (127 388 `RcvbufErrors` in one `ib_read_bw` of 1 MiB × 200 at 0.016 Gbit/s) and rxe's
+/// retransmissions stalled READs for tens of seconds. A stream socket loses nothing: a full
+/// socket makes the sending QEMU wait, as a link's flow control would.
 #[derive(Debug, Clone)]
 pub struct Wire {
-    /// Our UDP port on 127.0.0.1.
-    pub local_port: u16,
-    /// The peer's UDP port on 127.0.0.1.
-    pub remote_port: u16,
+    /// Our end of the socket pair, handed to QEMU as descriptor [`WIRE_FD`].
+    pub end: Arc<std::os::unix::net::UnixStream>,
     /// Our MAC address.
     pub mac: String,
 }
+
+/// The descriptor number QEMU finds its wire end on.
+const WIRE_FD: i32 = 100;
 
 /// One guest to boot.
 #[derive(Debug, Clone)]
@@ -338,12 +346,10 @@ fn command(f: &Fetched, initrd: &Path, spec: &GuestSpec) -> Command {
         ));
     }
     if let Some(w) = &spec.wire {
-        cmd.arg("-netdev").arg(format!(
-            "socket,id=n0,udp=127.0.0.1:{},localaddr=127.0.0.1:{}",
-            w.remote_port, w.local_port
-        ));
+        cmd.arg("-netdev").arg(format!("socket,id=n0,fd={WIRE_FD}"));
         cmd.arg("-device")
             .arg(format!("virtio-net-pci,netdev=n0,mac={}", w.mac));
+        sys::pass_fd(&mut cmd, w.end.clone(), WIRE_FD);
     }
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())

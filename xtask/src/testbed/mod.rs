@@ -280,7 +280,7 @@ fn help() -> &'static str {
               (default 120); --file copies a host file to /mnt/host/bin/NAME; --deadline is the
               host's hard limit for the whole guest
   two-hosts [--timeout S] [--file PATH]... [--server 'CMD'] [--client 'CMD']
-              two guests joined by a UDP wire: the server command runs in guest A, the client in
+              two guests joined by a virtual wire (a socket pair): the server command runs in guest A, the client in
               guest B (use $TB_PEER for A's address); default: ib_send_bw from B to A
 
   in the guest: $TB_DEV (rxe0), $TB_GID_INDEX (IPv4 RoCE v2 GID, looked up), $TB_IP_ADDR,
@@ -373,14 +373,6 @@ fn run(args: &[String]) -> Result<(), String> {
     report(&outcomes, &log, started)
 }
 
-/// A free UDP port on 127.0.0.1 (bound, read, released: QEMU binds it right after).
-fn free_udp_port() -> Result<u16, String> {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("no free UDP port: {e}"))
-}
-
 fn two_hosts(args: &[String]) -> Result<(), String> {
     let started = Instant::now();
     let o = parse_opts(args, true)?;
@@ -400,12 +392,18 @@ fn two_hosts(args: &[String]) -> Result<(), String> {
     b.remote_client("client", o.timeout, &client);
     share.write("b.sh", &b.finish())?;
 
-    let (pa, pb) = (free_udp_port()?, free_udp_port()?);
+    let (wa, wb) = std::os::unix::net::UnixStream::pair()
+        .map_err(|e| format!("socket pair for the wire: {e}"))?;
+    let (wa, wb) = (std::sync::Arc::new(wa), std::sync::Arc::new(wb));
     let secs = o.timeout.saturating_add(60);
     let deadline = o
         .deadline
         .unwrap_or_else(|| Duration::from_secs(u64::from(secs)) + HOST_MARGIN);
-    let spec = |label: &str, me: u8, peer: u8, local: u16, remote: u16, script: &str| GuestSpec {
+    let spec = |label: &str,
+                me: u8,
+                peer: u8,
+                end: &std::sync::Arc<std::os::unix::net::UnixStream>,
+                script: &str| GuestSpec {
         label: label.into(),
         params: vec![
             ("if".into(), "eth0".into()),
@@ -417,8 +415,7 @@ fn two_hosts(args: &[String]) -> Result<(), String> {
         ],
         share: Some(share.dir.clone()),
         wire: Some(Wire {
-            local_port: local,
-            remote_port: remote,
+            end: end.clone(),
             mac: format!("52:54:00:77:00:{me:02x}"),
         }),
         deadline,
@@ -427,10 +424,7 @@ fn two_hosts(args: &[String]) -> Result<(), String> {
     };
     let log = Log::create(&bed.cache.join("logs"), "two-hosts")?;
     let outcomes = bed.boot(
-        vec![
-            spec("A", 1, 2, pa, pb, "a.sh"),
-            spec("B", 2, 1, pb, pa, "b.sh"),
-        ],
+        vec![spec("A", 1, 2, &wa, "a.sh"), spec("B", 2, 1, &wb, "b.sh")],
         &log,
     )?;
     report(&outcomes, &log, started)

@@ -1,6 +1,8 @@
-//! The test bed's only `unsafe` code: process-group kill and parent-death signal for QEMU.
+//! The test bed's only `unsafe` code: process-group kill, parent-death signal and an inherited
+//! descriptor for QEMU.
 
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
@@ -32,5 +34,26 @@ pub fn kill_group(pgid: u32) {
     // created for our own child, and the call has no memory-safety preconditions.
     unsafe {
         libc::kill(-pgid, libc::SIGKILL);
+    }
+}
+
+/// Makes the child find `fd` (kept open by the parent until the spawn) as descriptor `as_fd`,
+/// open across exec (the parent's copy stays close-on-exec).
+pub fn pass_fd<F: AsRawFd + Send + Sync + 'static>(
+    cmd: &mut Command,
+    fd: std::sync::Arc<F>,
+    as_fd: i32,
+) {
+    // SAFETY: the closure runs in the forked child before exec and only calls dup2(2), which
+    // is async-signal-safe; `fd` is kept alive by the `Arc` the closure owns (the command lives
+    // until after the spawn), so the descriptor it reads is open. dup2 leaves the new
+    // descriptor without FD_CLOEXEC.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd.as_raw_fd(), as_fd) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
