@@ -1148,6 +1148,39 @@ mod tests {
         assert_eq!(verbs.window_for(64 << 10), 16, "the call limit still holds");
     }
 
+    /// `bench scenario` takes the verbs polling budget and shared receive queue depth, as
+    /// `bench local` does (`scenario_cmd::apply_verbs_settings` hands them on).
+    #[test]
+    fn scenarios_take_the_verbs_settings() {
+        let cli = Cli::try_parse_from([
+            "bench",
+            "scenario",
+            "clients",
+            "--verbs-poll-us",
+            "250",
+            "--verbs-srq-depth",
+            "0",
+        ])
+        .unwrap();
+        let Some(Command::Scenario(a)) = cli.command else {
+            panic!("not the scenario command: {cli:?}");
+        };
+        assert_eq!(a.verbs_poll_us, Some(250));
+        assert_eq!(a.verbs_srq_depth, Some(0));
+        // (Not applied here: the settings are process-wide and other tests set them too.)
+        let Some(Command::Scenario(a)) = Cli::try_parse_from(["bench", "scenario", "clients"])
+            .unwrap()
+            .command
+        else {
+            panic!("not the scenario command");
+        };
+        assert_eq!(
+            (a.verbs_poll_us, a.verbs_srq_depth),
+            (None, None),
+            "the library's"
+        );
+    }
+
     /// The server listens on loopback unless told otherwise, and its help says so.
     #[test]
     fn server_listens_on_loopback_by_default() {

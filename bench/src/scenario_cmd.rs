@@ -135,6 +135,13 @@ pub struct ScenarioArgs {
     /// CPU placement of client and server.
     #[arg(long, value_enum, default_value_t = Pin::Same)]
     pub pin: Pin,
+    /// Verbs adaptive polling budget in µs (`VerbsConfig::poll_spin`; default: the library's).
+    #[arg(long)]
+    pub verbs_poll_us: Option<u64>,
+    /// Verbs shared receive queue depth (`VerbsConfig::srq_depth`; 0: none; default: the
+    /// library's).
+    #[arg(long)]
+    pub verbs_srq_depth: Option<usize>,
     /// Print the report as JSON on stdout instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -207,8 +214,15 @@ pub struct ScenarioReport {
 }
 
 /// Runs `bench scenario`.
+/// Makes the verbs connections of the run use `--verbs-poll-us` and `--verbs-srq-depth`.
+fn apply_verbs_settings(args: &ScenarioArgs) {
+    crate::sys::set_verbs_poll(args.verbs_poll_us);
+    crate::sys::set_verbs_srq_depth(args.verbs_srq_depth);
+}
+
 pub fn run(args: &ScenarioArgs) -> Result<(), String> {
     let started = Instant::now();
+    apply_verbs_settings(args);
     let place = placement(args.pin, "local");
     let scenarios = args.name.expand();
     let mut wanted = args.transports.clone();
