@@ -420,3 +420,99 @@ fn connections_keep_their_events_after_the_runtime_that_made_the_device_ready_en
         calls_on_all(&mut conns, 20).await;
     });
 }
+
+/// Echoes every message back after `delay` (a handler that takes its time), until the stream
+/// ends.
+fn slow_echo(
+    mut server: (transport_verbs::VerbsSender, transport_verbs::VerbsReceiver),
+    delay: Duration,
+) {
+    tokio::spawn(async move {
+        while let Ok(Some(m)) = server.1.recv().await {
+            tokio::time::sleep(delay).await;
+            if server.0.send(m).await.is_err() {
+                break;
+            }
+        }
+    });
+}
+
+/// Completion-channel system calls the client of `slow` makes over `ROUNDS` calls whose replies
+/// come after twice the spin budget, while `busy` (if any) keeps the device busy with calls.
+async fn slow_calls_cost(
+    slow: &mut (transport_verbs::VerbsSender, transport_verbs::VerbsReceiver),
+    metrics: &transport_core::Metrics,
+    busy: Option<(transport_verbs::VerbsSender, transport_verbs::VerbsReceiver)>,
+) -> u64 {
+    const ROUNDS: usize = 8;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy = busy.map(|(mut tx, mut rx)| {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                tx.send(Message::new(
+                    HeaderBytes::EMPTY,
+                    Bytes::from_static(b"busy"),
+                ))
+                .await
+                .expect("busy send");
+                rx.recv().await.expect("busy recv").expect("open");
+            }
+        })
+    });
+    let before = metrics.snapshot();
+    for r in 0..ROUNDS {
+        let body = Bytes::from(format!("slow call {r}"));
+        slow.0
+            .send(Message::new(HeaderBytes::EMPTY, body.clone()))
+            .await
+            .expect("send");
+        let m = slow.1.recv().await.expect("recv").expect("open");
+        assert_eq!(m.payload, body);
+    }
+    let spent = (metrics.snapshot() - before).syscalls;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(b) = busy {
+        tokio::time::timeout(Duration::from_secs(10), b)
+            .await
+            .expect("busy caller stopped")
+            .expect("busy caller");
+    }
+    spent
+}
+
+#[test]
+fn a_connection_keeps_spinning_while_its_device_is_busy() {
+    let Some(addr) = common::listen_addr_or_skip("polling_device") else {
+        return;
+    };
+    common::run(async move {
+        let spin = Duration::from_millis(20);
+        let mut config = VerbsConfig::default();
+        config.poll_spin = spin;
+        let verbs = VerbsTransport::new(config).expect("transport");
+        let mut listener = verbs.listen(&addr).await.expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        // One connection whose replies take twice the spin budget...
+        let conn = verbs.connect(&addr).await.expect("connect");
+        slow_echo(listener.accept().await.expect("accept").split(), spin * 2);
+        let metrics = conn.metrics();
+        let mut slow = conn.split();
+        // ... alone on the device: its budget runs out during each wait, and it sleeps on a
+        // completion event (an arm at least, and the event's read).
+        let alone = slow_calls_cost(&mut slow, &metrics, None).await;
+        // ... and beside a connection that keeps the device busy: it spins through.
+        let conn = verbs.connect(&addr).await.expect("connect");
+        echo(listener.accept().await.expect("accept").split());
+        let beside_busy = slow_calls_cost(&mut slow, &metrics, Some(conn.split())).await;
+        eprintln!(
+            "completion-channel system calls of 8 slow calls: {alone} alone on the device, \
+             {beside_busy} beside a busy connection"
+        );
+        assert!(alone >= 8, "alone, only {alone} system calls in 8 waits");
+        assert!(
+            beside_busy <= 2,
+            "{beside_busy} system calls in 8 waits while the device was busy"
+        );
+    });
+}
