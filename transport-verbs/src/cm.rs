@@ -32,8 +32,6 @@ pub(crate) struct Resources {
     pub(crate) member: Member,
     /// RDMA READs the queue pair keeps outstanding and serves at once (announced in HELLO).
     pub(crate) read_depth: u8,
-    /// When the device's connections last had activity.
-    pub(crate) activity: Arc<crate::domain::DeviceActivity>,
 }
 
 /// Where a connection's queue pair receives.
@@ -313,7 +311,6 @@ fn resources(
         device,
         member,
         read_depth: domain.read_depth,
-        activity: domain.activity.clone(),
     })
 }
 

@@ -82,11 +82,7 @@ pub struct VerbsConfig {
     /// completion channel and sleeps: the receiving half while it waits for a message, else
     /// the connection's driver. Traffic that keeps coming within the budget never
     /// pays for a completion event and a wake-up; an idle connection spins for at most this
-    /// long after its last activity, then sleeps. The budget is also the device's: a
-    /// connection that had activity within the last 50 budgets keeps spinning while another
-    /// connection on its device is within its budget (with many connections, each one's own
-    /// traffic is rare while the device never rests). When the device's traffic stops,
-    /// everything sleeps one budget later. `Duration::ZERO` sleeps at once (pure event
+    /// long after its last activity, then sleeps. `Duration::ZERO` sleeps at once (pure event
     /// mode).
     pub poll_spin: Duration,
     /// Time limit of each connection-setup step.

@@ -49,14 +49,6 @@ const MIN_LEASE: std::time::Duration = std::time::Duration::from_millis(1);
 /// 1.93-2.15x; 128 and 256 in the same range as 64 (docs/verbs.md).
 const TIGHT_POLLS: u32 = 64;
 
-/// A connection whose own spin budget ran out keeps spinning while another connection of its
-/// device is within its budget, if its own last activity is at most this many budgets old
-/// (50 ms by default). Measured in the soft-RoCE guest (`bench scenario clients`): with 100
-/// clients each connection's own activity comes every 8-18 ms, so per-connection budgets
-/// ran out and every message cost a completion event (4 998 calls/s against 10 212 with one
-/// client); spinning on through the device's activity lifts it (docs/scenarios.md).
-const DEVICE_SPIN_RECENT: u32 = 50;
-
 /// Where the driver's timer is parked while the engine has no deadline: far enough that it
 /// never fires (a year; a deadline that appears moves it back).
 const IDLE_TIMER: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
@@ -232,7 +224,6 @@ pub(crate) fn start(
         parked: false,
         deferring: false,
         spin_until: None,
-        device_activity: res.activity.clone(),
         app_lease: None,
         driver_turn: false,
         delivered_now: false,
@@ -351,9 +342,6 @@ struct Core {
     /// Adaptive polling: until then the connection polls the CQ instead of sleeping on the
     /// completion channel (`VerbsConfig::poll_spin` after the last activity).
     spin_until: Option<Instant>,
-    /// When the device's connections last had activity: this one keeps spinning while they
-    /// do, if it had activity itself within [`DEVICE_SPIN_RECENT`] budgets.
-    device_activity: Arc<crate::domain::DeviceActivity>,
     /// Until then the receiving half polls the CQ on its own task (renewed at every poll
     /// while it waits for a message); the driver stays out of its way.
     app_lease: Option<Instant>,
@@ -380,9 +368,7 @@ impl Core {
     /// Something happened: keep polling the CQ for the spin budget before sleeping again.
     fn active(&mut self) {
         if !self.cfg.poll_spin.is_zero() {
-            let until = Instant::now() + self.cfg.poll_spin;
-            self.spin_until = Some(until);
-            self.device_activity.extend(until);
+            self.spin_until = Some(Instant::now() + self.cfg.poll_spin);
         }
     }
 
@@ -395,13 +381,6 @@ impl Core {
     fn spinning_at(&mut self, now: Instant) -> bool {
         match self.spin_until {
             Some(t) if now < t => true,
-            // Its own budget is spent, but it was active lately and its device still is.
-            Some(t)
-                if now < t + self.cfg.poll_spin * DEVICE_SPIN_RECENT
-                    && self.device_activity.busy_at(now) =>
-            {
-                true
-            }
             Some(_) => {
                 self.spin_until = None;
                 false

@@ -10,9 +10,8 @@
 //! pair and invalidated after its FIN (see the crate docs' security model).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use sideway::ibverbs::device_context::DeviceContext;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
@@ -34,8 +33,6 @@ pub(crate) struct Domain {
     pub(crate) read_depth: u8,
     /// The completion channel of every connection's CQ on this device, and its pump.
     pub(crate) cq_pump: Arc<CqPump>,
-    /// When the device's connections last had activity (see [`DeviceActivity`]).
-    pub(crate) activity: Arc<DeviceActivity>,
     /// Bytes registered by connections for themselves (their send slots), right now.
     own: Arc<AtomicUsize>,
     /// Bytes of pool buffers posted as receive buffers by connections, right now.
@@ -59,38 +56,6 @@ impl Domain {
             posted: self.posted.clone(),
             connections: self.connections.clone(),
         }
-    }
-}
-
-/// Until when any connection of a device keeps spinning: the latest `activity + poll_spin`
-/// of all of them. Adaptive polling is per device, not only per connection: with many
-/// connections each one's own activity is rare (100 clients each wait for the 99 others'
-/// calls), so their budgets ran out and every message went through a completion event, while
-/// the device never went idle (docs/scenarios.md, many clients over verbs).
-#[derive(Default)]
-pub(crate) struct DeviceActivity {
-    /// Nanoseconds since [`DeviceActivity::epoch`]; 0: never.
-    until: AtomicU64,
-}
-
-impl DeviceActivity {
-    fn epoch() -> Instant {
-        static EPOCH: OnceLock<Instant> = OnceLock::new();
-        *EPOCH.get_or_init(Instant::now)
-    }
-
-    fn nanos(t: Instant) -> u64 {
-        u64::try_from(t.saturating_duration_since(Self::epoch()).as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    /// A connection of the device had activity: it spins until `until`.
-    pub(crate) fn extend(&self, until: Instant) {
-        self.until.fetch_max(Self::nanos(until), Ordering::Relaxed);
-    }
-
-    /// Whether some connection of the device is within its spin budget at `now`.
-    pub(crate) fn busy_at(&self, now: Instant) -> bool {
-        self.until.load(Ordering::Relaxed) > Self::nanos(now)
     }
 }
 
@@ -215,7 +180,6 @@ impl Domains {
             srq,
             read_depth,
             cq_pump,
-            activity: Arc::default(),
             own: Arc::default(),
             posted: Arc::default(),
             connections: Arc::default(),

@@ -123,11 +123,9 @@
 //!   completion event and no wake-up through the kernel. It yields to the runtime between
 //!   polls (a receiver waiting for a message polls up to 64 times between two yields, from
 //!   the second turn of its wait on), so the application's tasks on the same thread keep
-//!   running. An idle connection spins for at most `poll_spin` after its last activity, then
-//!   sleeps; but while another connection of its device is within its budget, a connection
-//!   active in the last 50 budgets spins on (per-device adaptive polling: with 100 clients
-//!   each connection's own traffic is rarer than the budget, and the per-connection rule
-//!   sent every message through a completion event). `busy_poll` spins always.
+//!   running. An idle connection
+//!   spins for at most `poll_spin` after its last activity, then sleeps. `busy_poll` spins
+//!   always.
 //! - **No task hop on the way.** The queue pair and the engine sit behind one lock that the
 //!   driver task and both halves take (`conn.rs`). `send` hands its message to the engine and
 //!   posts it on the caller's task; `recv`, while the spin budget runs, polls the CQ itself and
