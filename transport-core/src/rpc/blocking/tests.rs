@@ -209,35 +209,27 @@ fn small_and_large_frames_arrive_whole() {
         SMALL_FRAME_PAYLOAD + 1,
         100_000,
     ];
-    let payload = |n: usize| (0..n).map(|i| (i * 7 + n) as u8).collect::<Vec<u8>>();
+    // Each size as a call (its echo checked) and, if `oneway`, then as a oneway.
+    let each_size = move |client: &mut BlockingClient<UnixStream>, to: &str, oneway: bool| {
+        for n in sizes {
+            let p = (0..n).map(|i| (i * 7 + n) as u8).collect::<Vec<u8>>();
+            assert_eq!(client.call(ECHO, &p).unwrap(), p, "{n} bytes to the {to}");
+            if oneway {
+                client.oneway(ECHO, &p).unwrap();
+            }
+        }
+    };
 
     let (a, async_side) = async_served(&rt);
     let mut client = BlockingClient::new(a, BlockingConfig::default()).unwrap();
-    bounded(move || {
-        for n in sizes {
-            let p = payload(n);
-            assert_eq!(
-                client.call(ECHO, &p).unwrap(),
-                p,
-                "{n} bytes to the async server"
-            );
-        }
-    });
+    bounded(move || each_size(&mut client, "async server", false));
     async_side.abort();
 
     let s = server(&rt, ServerConfig::default(), BlockingConfig::default());
     let (a, _done) = served(&s);
     let mut client = BlockingClient::new(a, BlockingConfig::default()).unwrap();
     bounded(move || {
-        for n in sizes {
-            let p = payload(n);
-            assert_eq!(
-                client.call(ECHO, &p).unwrap(),
-                p,
-                "{n} bytes to the blocking server"
-            );
-            client.oneway(ECHO, &p).unwrap();
-        }
+        each_size(&mut client, "blocking server", true);
         // The oneways were read in order (an answer after them means they were taken).
         assert_eq!(client.call(ECHO, b"end").unwrap(), &b"end"[..]);
     });
