@@ -351,8 +351,7 @@ impl RunArgs {
 
     fn settings(&self, client_core: Option<usize>) -> Settings {
         sys::set_spin(self.spin_us);
-        sys::set_verbs_poll(self.verbs_poll_us);
-        sys::set_verbs_srq_depth(self.verbs_srq_depth);
+        sys::set_verbs(self.verbs_poll_us, self.verbs_srq_depth);
         let sizes = self.sizes.clone().unwrap_or_else(|| {
             if self.full {
                 vec![1024, 4096, 16384, 65536, 262_144, 500_000, 1 << 20]
@@ -866,8 +865,7 @@ fn server(a: &ServerArgs) -> Result<(), String> {
         sys::pin_current_thread(c)?;
     }
     sys::set_spin(a.spin_us);
-    sys::set_verbs_poll(a.verbs_poll_us);
-    sys::set_verbs_srq_depth(a.verbs_srq_depth);
+    sys::set_verbs(a.verbs_poll_us, a.verbs_srq_depth);
     let rt = sys::runtime().map_err(|e| e.to_string())?;
     rt.block_on(async {
         let mut shutdown = Shutdown::register()?;
@@ -1149,7 +1147,7 @@ mod tests {
     }
 
     /// `bench scenario` takes the verbs polling budget and shared receive queue depth, as
-    /// `bench local` does (`scenario_cmd::apply_verbs_settings` hands them on).
+    /// `bench local` does (`sys::set_verbs` hands them on).
     #[test]
     fn scenarios_take_the_verbs_settings() {
         let cli = Cli::try_parse_from([

@@ -214,15 +214,9 @@ pub struct ScenarioReport {
 }
 
 /// Runs `bench scenario`.
-/// Makes the verbs connections of the run use `--verbs-poll-us` and `--verbs-srq-depth`.
-fn apply_verbs_settings(args: &ScenarioArgs) {
-    crate::sys::set_verbs_poll(args.verbs_poll_us);
-    crate::sys::set_verbs_srq_depth(args.verbs_srq_depth);
-}
-
 pub fn run(args: &ScenarioArgs) -> Result<(), String> {
     let started = Instant::now();
-    apply_verbs_settings(args);
+    crate::sys::set_verbs(args.verbs_poll_us, args.verbs_srq_depth);
     let place = placement(args.pin, "local");
     let scenarios = args.name.expand();
     let mut wanted = args.transports.clone();

@@ -17,6 +17,12 @@ static VERBS_POLL_US: AtomicU64 = AtomicU64::new(u64::MAX);
 /// library's default).
 static VERBS_SRQ_DEPTH: AtomicU64 = AtomicU64::new(u64::MAX);
 
+/// Sets `--verbs-poll-us` and `--verbs-srq-depth` for every verbs transport the bench makes.
+pub fn set_verbs(poll_us: Option<u64>, srq_depth: Option<usize>) {
+    set_verbs_poll(poll_us);
+    set_verbs_srq_depth(srq_depth);
+}
+
 /// Sets the verbs adaptive-polling budget (`None`: the library's default).
 pub fn set_verbs_poll(us: Option<u64>) {
     VERBS_POLL_US.store(us.unwrap_or(u64::MAX), Ordering::Relaxed);
