@@ -4,7 +4,7 @@
 use crate::proto::{self, method, Presplit, ServerCounters};
 use crate::sys;
 use bytes::Bytes;
-use futures_util::stream::{self, StreamExt};
+use futures_util::stream::StreamExt;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Barrier};
@@ -634,16 +634,30 @@ async fn rpc_op<S: MessageSender>(
                 ),
             };
             let want = if job.op == Op::Send { 0 } else { job.size };
-            let mut calls = stream::iter(0..count)
-                .map(|_| client.call(m, arg.clone()))
-                .buffer_unordered(job.window.max(1));
-            while let Some(r) = calls.next().await {
-                let reply = r?;
-                if reply.len() != want {
-                    return Err(
-                        format!("rpc {}: reply of {} bytes", job.op.name(), reply.len()).into(),
-                    );
+            // `window` callers, each making its calls one after the other (an ORB's client
+            // threads): a caller's call lives inside it, with no allocation and no move of
+            // the call's future per call (`buffer_unordered` did both).
+            let issued = std::sync::atomic::AtomicU64::new(0);
+            let caller = || async {
+                loop {
+                    if issued.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= count {
+                        return Ok::<(), BoxError>(());
+                    }
+                    let reply = client.call(m, arg.clone()).await?;
+                    if reply.len() != want {
+                        return Err(format!(
+                            "rpc {}: reply of {} bytes",
+                            job.op.name(),
+                            reply.len()
+                        )
+                        .into());
+                    }
                 }
+            };
+            let mut callers: futures_util::stream::FuturesUnordered<_> =
+                (0..job.window.max(1)).map(|_| caller()).collect();
+            while let Some(r) = callers.next().await {
+                r?;
             }
             Ok((count * job.size as u64, None))
         }
