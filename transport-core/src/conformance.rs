@@ -69,6 +69,7 @@ macro_rules! conformance_tests {
         $crate::__conformance_cases!($backend; conformance;
             raw_messages_in_order,
             raw_message_sizes,
+            raw_send_batch_dropped_at_any_poll_loses_nothing,
             raw_send_too_large_is_rejected_locally,
             raw_oversized_frame_is_skipped_by_receiver,
             raw_peer_close_is_clean_end,
@@ -469,6 +470,63 @@ pub mod cases {
             assert_eq!(m.header.as_slice(), i.to_le_bytes());
             assert_eq!(m.payload, pattern(i as usize * 10, 7));
         }
+    }
+
+    /// `send_batch` futures dropped after each of their polls (as the RPC client does when a
+    /// write cannot finish at once) lose, duplicate and reorder nothing: what a dropped
+    /// future took goes out with the next call, what it did not take stays in the batch.
+    /// Sizes are small, above a socket buffer, and above verbs' eager limit (rendezvous).
+    pub async fn raw_send_batch_dropped_at_any_poll_loses_nothing<B: Backend>(b: &B) {
+        let addr = raw_echo_server(b, 4 * MIB).await;
+        let conn = b.transport(4 * MIB).connect(&addr).await.expect("connect");
+        let (mut tx, mut rx) = conn.split();
+        // 160 of them above verbs' eager limit: more than its send queue takes at once.
+        const N: u32 = 240;
+        let size = |i: u32| [16usize, 70_000, 300_000][i as usize % 3];
+        let reader = tokio::spawn(async move {
+            for i in 0..N {
+                let m = rx.recv().await.expect("recv").expect("not closed");
+                assert_eq!(m.header.as_slice(), i.to_le_bytes(), "order");
+                assert!(
+                    m.payload == pattern(size(i), i as u64),
+                    "message {i} corrupted"
+                );
+            }
+            rx
+        });
+        let mut batch: Vec<Message> = (0..N)
+            .map(|i| Message::new(header(&i.to_le_bytes()), pattern(size(i), i as u64)))
+            .collect();
+        let noop = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(noop);
+        let mut polls = 0u64;
+        loop {
+            let done = {
+                let mut write = std::pin::pin!(tx.send_batch(&mut batch));
+                write.as_mut().poll(&mut cx)
+            };
+            polls += 1;
+            match done {
+                std::task::Poll::Ready(r) => {
+                    r.expect("send_batch");
+                    break;
+                }
+                // Dropped after one poll; let the echo server and the reader move on.
+                std::task::Poll::Pending => tokio::task::yield_now().await,
+            }
+        }
+        tx.flush().await.expect("flush");
+        assert!(batch.is_empty(), "every message was taken");
+        let mut rx = tokio::time::timeout(Duration::from_secs(60), reader)
+            .await
+            .expect("every message arrives")
+            .expect("reader");
+        tx.close().await.expect("close");
+        assert!(rx.recv().await.expect("clean end").is_none());
+        assert!(
+            polls > 1,
+            "the batch needed more than one poll (it exceeds any buffer)"
+        );
     }
 
     /// A message above the sender's limit fails before anything is sent; the connection lives.

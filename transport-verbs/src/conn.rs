@@ -1125,10 +1125,36 @@ impl MessageSender for VerbsSender {
     /// eager limit (registered first) or above the size limit goes through [`Self::send`].
     async fn send_batch(&mut self, msgs: &mut Vec<Message>) -> Result<(), TransportError> {
         while let Some(first) = msgs.first() {
-            if first.payload.len() > self.cfg.eager_limit || first.len() > self.cfg.max_message_size
-            {
+            if first.len() > self.cfg.max_message_size {
+                // Refused as `send` refuses it (the RPC client checks sizes before queuing).
                 let msg = msgs.remove(0);
                 self.send(msg).await?;
+                continue;
+            }
+            if first.payload.len() > self.cfg.eager_limit {
+                // Rendezvous: registered here; taken out of `msgs` only once the engine has
+                // it, so a future dropped while the queue is full leaves it in `msgs` (the
+                // trait's cancel rule).
+                if self.closed {
+                    return Err(TransportError::Closed);
+                }
+                if let Some(e) = self.shared.error() {
+                    return Err(e);
+                }
+                let held = Some(self.pool.register(&first.payload)?);
+                self.with_room(|core| {
+                    let msg = msgs.remove(0);
+                    core.engine.send(OutMsg {
+                        header: msg.header,
+                        len: msg.payload.len(),
+                        payload: OutPayload {
+                            bytes: msg.payload,
+                            held,
+                        },
+                    })
+                })
+                .await?;
+                self.metrics.messages_sent.incr();
                 continue;
             }
             if self.closed {
