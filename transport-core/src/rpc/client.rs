@@ -194,6 +194,9 @@ struct Outbox {
     queue: Vec<Message>,
     /// Messages ever queued; a message's ticket is this count right after queuing it.
     queued: u64,
+    /// An empty vector kept for its capacity: the next batch swaps it for the queue, so
+    /// queuing and writing allocate nothing per call.
+    spare: Vec<Message>,
 }
 
 /// A write of a batch, owning the sender while it runs so that it survives the call that
@@ -535,15 +538,45 @@ impl<S: MessageSender> Shared<S> {
             }
             let (mut batch, upto) = {
                 let mut outbox = self.outbox();
-                (std::mem::take(&mut outbox.queue), outbox.queued)
+                let spare = std::mem::take(&mut outbox.spare);
+                (std::mem::replace(&mut outbox.queue, spare), outbox.queued)
             };
             let Some(mut sender) = writer.sender.take() else {
                 return Err(RpcError::ClientClosed);
             };
+            // Most writes go through at once (the socket has room, the send queue has
+            // slots): try it here, with no boxed future and no reading alongside. Only a
+            // write that has to wait is handed to a boxed future that survives this call
+            // (senders are cancel safe: what the first attempt left half-written goes out
+            // with the next `flush`, the messages it did not take stay in `batch`).
+            let first = {
+                let mut write = std::pin::pin!(sender.send_batch(&mut batch));
+                std::future::poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await
+            };
+            if let Poll::Ready(result) = first {
+                writer.sender = Some(sender);
+                self.record_write(upto, result);
+                batch.clear();
+                self.outbox().spare = batch;
+                continue;
+            }
             writer.in_flight = Some(Box::pin(async move {
-                let result = sender.send_batch(&mut batch).await;
+                let result = match sender.flush().await {
+                    Ok(()) => sender.send_batch(&mut batch).await,
+                    Err(e) => Err(e),
+                };
                 (sender, upto, result)
             }));
+        }
+    }
+
+    /// Records how a write of every message up to ticket `upto` ended.
+    fn record_write(&self, upto: u64, result: Result<(), TransportError>) {
+        match result {
+            Ok(()) => self.written.store(upto, Ordering::Release),
+            // Messages were checked against the size limit before they were queued, so an
+            // error leaves the batch's fate unknown: the connection is done for.
+            Err(e) => self.fail_all(RpcError::from(e)),
         }
     }
 
@@ -560,12 +593,7 @@ impl<S: MessageSender> Shared<S> {
         finish.armed = false;
         writer.in_flight = None;
         writer.sender = Some(sender);
-        match result {
-            Ok(()) => self.written.store(upto, Ordering::Release),
-            // Messages were checked against the size limit before they were queued, so an
-            // error leaves the batch's fate unknown: the connection is done for.
-            Err(e) => self.fail_all(RpcError::from(e)),
-        }
+        self.record_write(upto, result);
     }
 }
 
@@ -665,6 +693,7 @@ impl<S: MessageSender> RpcClient<S> {
             outbox: Mutex::new(Outbox {
                 queue: Vec::new(),
                 queued: 0,
+                spare: Vec::new(),
             }),
             written: AtomicU64::new(0),
             state: Mutex::new(State {
