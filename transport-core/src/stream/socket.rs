@@ -41,7 +41,8 @@ impl StreamSocket for tokio::net::TcpStream {
     }
 }
 
-/// Unix sockets split into halves of this crate ([`super::unix`]): tokio's would register
+/// Unix sockets split into halves of this crate ([`UnixReadHalf`](super::UnixReadHalf),
+/// [`UnixWriteHalf`](super::UnixWriteHalf)): tokio's would register
 /// the socket for write space too, and a Unix socket reports write space on every read by its
 /// peer, waking the writer's runtime for nothing once per message. Like tokio's, the halves
 /// can be made outside a runtime: each registers with the runtime that first polls it.
