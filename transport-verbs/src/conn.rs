@@ -1122,7 +1122,9 @@ impl MessageSender for VerbsSender {
 
     /// Hands the eager messages of `msgs` to the engine under one lock and posts them with
     /// one doorbell, as many at a time as the engine's queue takes; a message above the
-    /// eager limit (registered first) or above the size limit goes through [`Self::send`].
+    /// eager limit is registered first and handed over on its own, and one above the size
+    /// limit is refused as [`Self::send`] refuses it. A message leaves `msgs` only when the
+    /// engine takes it, so a future dropped while the queue is full loses none.
     async fn send_batch(&mut self, msgs: &mut Vec<Message>) -> Result<(), TransportError> {
         while let Some(first) = msgs.first() {
             if first.len() > self.cfg.max_message_size {
