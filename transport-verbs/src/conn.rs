@@ -133,6 +133,18 @@ struct OutPayload {
     held: Option<HeldBytes>,
 }
 
+/// A message as the engine takes it: `held` is the payload's registration (rendezvous).
+fn out_msg(msg: Message, held: Option<HeldBytes>) -> OutMsg<OutPayload> {
+    OutMsg {
+        header: msg.header,
+        len: msg.payload.len(),
+        payload: OutPayload {
+            bytes: msg.payload,
+            held,
+        },
+    }
+}
+
 /// A received message in its receive buffer.
 struct Received {
     buf: PoolBuf,
@@ -1013,6 +1025,17 @@ impl std::fmt::Debug for VerbsSender {
 }
 
 impl VerbsSender {
+    /// Fails a send on a sender that was closed or a connection that failed.
+    fn check_open(&self) -> Result<(), TransportError> {
+        if self.closed {
+            return Err(TransportError::Closed);
+        }
+        match self.shared.error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     fn gone(&self) -> TransportError {
         self.shared.error().unwrap_or(TransportError::Closed)
     }
@@ -1092,12 +1115,7 @@ impl MessageSender for VerbsSender {
                 header: HeaderBytes::EMPTY,
             });
         }
-        if self.closed {
-            return Err(TransportError::Closed);
-        }
-        if let Some(e) = self.shared.error() {
-            return Err(e);
-        }
+        self.check_open()?;
         // Payloads above the eager limit go by rendezvous: register (or find) them here, so
         // a registration failure is this call's error.
         let held = if msg.payload.len() > self.cfg.eager_limit {
@@ -1105,17 +1123,8 @@ impl MessageSender for VerbsSender {
         } else {
             None
         };
-        self.with_room(move |core| {
-            core.engine.send(OutMsg {
-                header: msg.header,
-                len: msg.payload.len(),
-                payload: OutPayload {
-                    bytes: msg.payload,
-                    held,
-                },
-            })
-        })
-        .await?;
+        self.with_room(move |core| core.engine.send(out_msg(msg, held)))
+            .await?;
         self.metrics.messages_sent.incr();
         Ok(())
     }
@@ -1133,37 +1142,16 @@ impl MessageSender for VerbsSender {
                 self.send(msg).await?;
                 continue;
             }
+            self.check_open()?;
             if first.payload.len() > self.cfg.eager_limit {
                 // Rendezvous: registered here; taken out of `msgs` only once the engine has
                 // it, so a future dropped while the queue is full leaves it in `msgs` (the
                 // trait's cancel rule).
-                if self.closed {
-                    return Err(TransportError::Closed);
-                }
-                if let Some(e) = self.shared.error() {
-                    return Err(e);
-                }
                 let held = Some(self.pool.register(&first.payload)?);
-                self.with_room(|core| {
-                    let msg = msgs.remove(0);
-                    core.engine.send(OutMsg {
-                        header: msg.header,
-                        len: msg.payload.len(),
-                        payload: OutPayload {
-                            bytes: msg.payload,
-                            held,
-                        },
-                    })
-                })
-                .await?;
+                self.with_room(|core| core.engine.send(out_msg(msgs.remove(0), held)))
+                    .await?;
                 self.metrics.messages_sent.incr();
                 continue;
-            }
-            if self.closed {
-                return Err(TransportError::Closed);
-            }
-            if let Some(e) = self.shared.error() {
-                return Err(e);
             }
             let eager = self.cfg.eager_limit;
             let max = self.cfg.max_message_size;
@@ -1176,14 +1164,7 @@ impl MessageSender for VerbsSender {
                         .take_while(|m| m.payload.len() <= eager && m.len() <= max)
                         .count();
                     for msg in msgs.drain(..n) {
-                        core.engine.send(OutMsg {
-                            header: msg.header,
-                            len: msg.payload.len(),
-                            payload: OutPayload {
-                                bytes: msg.payload,
-                                held: None,
-                            },
-                        });
+                        core.engine.send(out_msg(msg, None));
                     }
                     n
                 })
