@@ -45,6 +45,14 @@ pub mod spin;
 pub mod stream;
 mod transport;
 
+/// Polls `fut` once, on the calling task: its output if it is ready, `Pending` (with the
+/// task's waker registered by `fut`) if not.
+pub(crate) async fn poll_once<F: std::future::Future + ?Sized>(
+    mut fut: std::pin::Pin<&mut F>,
+) -> std::task::Poll<F::Output> {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await
+}
+
 #[cfg(feature = "conformance")]
 pub mod conformance;
 #[cfg(feature = "conformance")]

@@ -401,7 +401,7 @@ mod tests {
         assert!(waiting().is_empty(), "a ready read is not registered");
         let (tx, rx) = tokio::sync::oneshot::channel::<u8>();
         let mut read = std::pin::pin!(spinning(Some(fd), rx));
-        let first = poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
+        let first = crate::poll_once(read.as_mut()).await;
         assert!(first.is_pending());
         assert_eq!(waiting(), vec![fd], "registered while pending");
         tx.send(1).unwrap();

@@ -551,7 +551,7 @@ impl<S: MessageSender> Shared<S> {
             // with the next `flush`, the messages it did not take stay in `batch`).
             let first = {
                 let mut write = std::pin::pin!(sender.send_batch(&mut batch));
-                std::future::poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await
+                crate::poll_once(write.as_mut()).await
             };
             if let Poll::Ready(result) = first {
                 writer.sender = Some(sender);
@@ -960,8 +960,7 @@ mod tests {
                 let polled_tx = polled_tx.clone();
                 tokio::spawn(async move {
                     let mut call = std::pin::pin!(c.call(1, Bytes::from(vec![i])));
-                    let first =
-                        std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+                    let first = crate::poll_once(call.as_mut()).await;
                     let _ = polled_tx.send(());
                     match first {
                         Poll::Ready(r) => r,
@@ -1075,7 +1074,7 @@ mod tests {
     async fn within_polls<F: Future>(polls: u64, f: F) -> Option<F::Output> {
         let mut f = std::pin::pin!(f);
         for _ in 0..polls {
-            let polled = std::future::poll_fn(|cx| Poll::Ready(f.as_mut().poll(cx))).await;
+            let polled = crate::poll_once(f.as_mut()).await;
             if let Poll::Ready(v) = polled {
                 return Some(v);
             }
@@ -1337,6 +1336,16 @@ mod tests {
         let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
     }
 
+    /// The header of the next message the server end receives (`what`, within 10 s).
+    async fn next_header<R: MessageReceiver>(rx: &mut R, what: &str) -> RpcHeader {
+        let m = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{what} arrives"))
+            .expect("recv")
+            .unwrap_or_else(|| panic!("{what}, not the end"));
+        RpcHeader::decode(m.header.as_slice()).expect("header")
+    }
+
     /// A waker that records that it was woken.
     struct Flag(std::sync::atomic::AtomicBool);
 
@@ -1383,16 +1392,7 @@ mod tests {
         );
         let mut ids = Vec::new();
         for _ in 0..3 {
-            let m = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-                .await
-                .expect("requests arrive")
-                .expect("recv")
-                .expect("a request");
-            ids.push(
-                RpcHeader::decode(m.header.as_slice())
-                    .expect("header")
-                    .request_id,
-            );
+            ids.push(next_header(&mut rx, "a request").await.request_id);
         }
         let reply = |id: u64, body: &'static [u8]| {
             let h = RpcHeader::new(Kind::Response, 1, id, body.len());
@@ -1417,12 +1417,7 @@ mod tests {
             .expect("C ends");
         assert_eq!(got.expect("C's call"), &b"C"[..]);
         // The server is told B is off.
-        let m = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-            .await
-            .expect("the cancel arrives")
-            .expect("recv")
-            .expect("a message");
-        let h = RpcHeader::decode(m.header.as_slice()).expect("header");
+        let h = next_header(&mut rx, "the cancel").await;
         assert_eq!((h.kind, h.request_id), (Kind::Cancel, ids[1]));
     }
 

@@ -430,7 +430,7 @@ impl<H: Handler> RpcServer<H> {
                             });
                             // Most handlers answer without waiting: poll once here and skip
                             // the abort handle, the map entry and the trip through `running`.
-                            if let Poll::Ready(result) = poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await {
+                            if let Poll::Ready(result) = crate::poll_once(work.as_mut()).await {
                                 if !oneway {
                                     replies.push_result(id, result);
                                     if replies.full() {
