@@ -312,6 +312,10 @@ impl<H: Handler> RpcServer<H> {
             .idle_timeout
             .map(|t| (t, Box::pin(tokio::time::sleep(t))));
         let mut running: FuturesUnordered<RunningCall> = FuturesUnordered::new();
+        // The box a handler's future is made in, kept from one request to the next: most
+        // handlers answer at their first poll, and their box is then reused rather than
+        // allocated and freed per request. A handler that has to wait takes the box with it.
+        let mut slot = None;
         let mut aborts: HashMap<u64, AbortHandle> = HashMap::new();
         let mut reading = true;
         let mut replies = Replies::new(tx.max_message_size(), rx.metrics().clone());
@@ -418,19 +422,27 @@ impl<H: Handler> RpcServer<H> {
                                 pool: pool.clone(),
                             };
                             let id = h.request_id;
-                            let timeout = inner.config.handler_timeout;
-                            let work = inner.handler.call(req);
-                            let mut work = Box::pin(async move {
-                                match timeout {
-                                    None => work.await,
-                                    Some(t) => tokio::time::timeout(t, work).await.unwrap_or_else(|_| {
-                                        Err(Status::handler_timed_out(t))
-                                    }),
+                            let work = with_timeout(
+                                inner.handler.call(req),
+                                inner.config.handler_timeout,
+                            );
+                            let mut work = match slot.take() {
+                                Some(mut boxed) => {
+                                    Pin::set(&mut boxed, Some(work));
+                                    boxed
                                 }
-                            });
+                                None => Box::pin(Some(work)),
+                            };
                             // Most handlers answer without waiting: poll once here and skip
                             // the abort handle, the map entry and the trip through `running`.
-                            if let Poll::Ready(result) = crate::poll_once(work.as_mut()).await {
+                            let first = crate::poll_once(
+                                work.as_mut().as_pin_mut().expect("set just above"),
+                            )
+                            .await;
+                            if let Poll::Ready(result) = first {
+                                // The finished future is dropped in place; the box stays.
+                                Pin::set(&mut work, None);
+                                slot = Some(work);
                                 if !oneway {
                                     replies.push_result(id, result);
                                     if replies.full() {
@@ -441,6 +453,9 @@ impl<H: Handler> RpcServer<H> {
                                 }
                                 continue;
                             }
+                            let work = poll_fn(move |cx| {
+                                work.as_mut().as_pin_mut().expect("set until it ends").poll(cx)
+                            });
                             let (handle, registration) = AbortHandle::new_pair();
                             if !oneway {
                                 aborts.insert(id, handle);
@@ -690,6 +705,19 @@ impl Replies {
         let sent = tx.send_batch(&mut self.batch).await;
         self.batch.clear();
         sent.map_err(RpcError::from)
+    }
+}
+
+/// A handler's future with the server's time limit (`ServerConfig::handler_timeout`), if any.
+async fn with_timeout<F>(work: F, timeout: Option<Duration>) -> Result<Bytes, Status>
+where
+    F: Future<Output = Result<Bytes, Status>>,
+{
+    match timeout {
+        None => work.await,
+        Some(t) => tokio::time::timeout(t, work)
+            .await
+            .unwrap_or_else(|_| Err(Status::handler_timed_out(t))),
     }
 }
 
@@ -1118,5 +1146,72 @@ mod tests {
         served.expect("task").expect("clean end");
         let r = client.call(1, Bytes::new()).await;
         assert!(matches!(r, Err(ref e) if e.is_connection_error()), "{r:?}");
+    }
+
+    /// Handlers that answer at once (run in a box the server reuses) and handlers that wait
+    /// (which take their box with them) interleave on one connection: each call gets its own
+    /// answer, a waiting handler's future is not overwritten by the requests after it, and one
+    /// past `handler_timeout` is answered with `DEADLINE_EXCEEDED` while the others go on.
+    #[tokio::test]
+    async fn handlers_that_wait_and_handlers_that_answer_at_once_interleave() {
+        const NOW: u32 = 1;
+        const GATED: u32 = 2;
+        const NEVER: u32 = 3;
+        let (client_end, server_end) = Duplex::pair(1 << 20);
+        let (open, gate) = tokio::sync::watch::channel(false);
+        let server = RpcServer::new(
+            move |req: Request| {
+                let mut gate = gate.clone();
+                async move {
+                    match req.method {
+                        NOW => {}
+                        GATED => {
+                            let _ = gate.wait_for(|open| *open).await;
+                        }
+                        _ => std::future::pending::<()>().await,
+                    }
+                    Ok::<_, Status>(req.payload)
+                }
+            },
+            ServerConfig {
+                handler_timeout: Some(Duration::from_secs(1)),
+                ..ServerConfig::default()
+            },
+        );
+        let serving = tokio::spawn(async move { server.serve_connection(server_end).await });
+        let client = RpcClient::new(client_end, ClientConfig::default());
+        let call = |method: u32, body: &'static str| {
+            let c = client.clone();
+            tokio::spawn(async move { c.call(method, Bytes::from_static(body.as_bytes())).await })
+        };
+        let never = call(NEVER, "never");
+        let gated: Vec<_> = (0..3).map(|_| call(GATED, "gated")).collect();
+        for i in 0..20 {
+            let body: &'static str = if i % 2 == 0 { "even" } else { "odd" };
+            let reply = tokio::time::timeout(Duration::from_secs(10), call(NOW, body))
+                .await
+                .expect("answered at once")
+                .expect("task");
+            assert_eq!(reply.expect("call"), body);
+        }
+        assert_eq!(client.in_flight(), 4, "the waiting calls are still running");
+        open.send(true).expect("handlers wait");
+        for g in gated {
+            let reply = tokio::time::timeout(Duration::from_secs(10), g)
+                .await
+                .expect("answered once the gate opened")
+                .expect("task");
+            assert_eq!(reply.expect("call"), "gated");
+        }
+        let timed_out = tokio::time::timeout(Duration::from_secs(10), never)
+            .await
+            .expect("answered at the handler timeout")
+            .expect("task");
+        match timed_out {
+            Err(RpcError::Remote(status)) => assert_eq!(status.code, code::DEADLINE_EXCEEDED),
+            other => panic!("expected DEADLINE_EXCEEDED, got {other:?}"),
+        }
+        client.close().await.expect("close");
+        serving.await.expect("task").expect("served");
     }
 }
