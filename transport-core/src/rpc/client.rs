@@ -192,11 +192,9 @@ enum Step {
 /// Messages waiting to be written, in call order.
 struct Outbox {
     queue: Vec<Message>,
-    /// Messages ever queued; a message's ticket is this count right after queuing it.
+    /// Messages ever given a ticket (queued, or written at once by [`Shared::send`]); a
+    /// message's ticket is this count right after it got one.
     queued: u64,
-    /// An empty vector kept for its capacity: the next batch swaps it for the queue, so
-    /// queuing and writing allocate nothing per call.
-    spare: Vec<Message>,
 }
 
 /// A write of a batch, owning the sender while it runs so that it survives the call that
@@ -208,6 +206,9 @@ struct Writer<S> {
     /// `None` while `in_flight` owns it.
     sender: Option<S>,
     in_flight: Option<Write<S>>,
+    /// An empty vector kept for its capacity: the next batch swaps it for the queue, so
+    /// queuing and writing allocate nothing per call.
+    spare: Vec<Message>,
 }
 
 /// A receiving half whose `recv` can be called without naming its type (the client is generic
@@ -502,20 +503,114 @@ impl<S: MessageSender> Shared<S> {
     /// write already started is finished (by the next writer, or by a task spawned for it),
     /// so the connection never stalls on half a message.
     async fn send(self: &Arc<Self>, msg: Message) -> Result<(), RpcError> {
-        let ticket = {
-            let mut outbox = self.outbox();
-            outbox.queue.push(msg);
-            outbox.queued += 1;
-            outbox.queued
+        let (ticket, writer) = match self.writer.try_lock() {
+            // Nobody is writing and no other call is in flight (a ping loop, a stream of
+            // oneway calls): write at once, without the queue (see `write_alone`).
+            Ok(w) if w.in_flight.is_none() && !self.others_in_flight() => {
+                match self.write_alone(w, msg).await? {
+                    None => return Ok(()),
+                    Some((ticket, w)) => (ticket, Some(w)),
+                }
+            }
+            w => {
+                let mut outbox = self.outbox();
+                outbox.queue.push(msg);
+                outbox.queued += 1;
+                (outbox.queued, w.ok())
+            }
         };
-        self.write_through(ticket).await
+        self.write_through(ticket, writer).await
     }
 
-    /// Writes until every message up to `ticket` has been taken by the transport.
-    async fn write_through(self: &Arc<Self>, ticket: u64) -> Result<(), RpcError> {
-        let mut writer = match self.writer.try_lock() {
-            Ok(w) => w,
-            Err(_) => self.writer.lock().await,
+    /// Whether calls other than the caller's own are in flight.
+    fn others_in_flight(&self) -> bool {
+        self.state().pending.len() > 1
+    }
+
+    /// Writes `msg` while holding the writer with nothing in flight: if no message is queued
+    /// either, it takes the next ticket and goes straight to the transport (one lock of the
+    /// outbox, no trip through the queue); a write that cannot finish at once is handed to
+    /// the writer's boxed future as in [`Shared::write_through`]. Otherwise it joins the
+    /// queue behind the messages already there. `None` once the transport took it, else its
+    /// ticket and the writer, for [`Shared::write_through`] to finish (awaited by the caller,
+    /// so that the two futures share their space in the caller's).
+    async fn write_alone<'w>(
+        self: &Arc<Self>,
+        mut writer: tokio::sync::MutexGuard<'w, Writer<S>>,
+        msg: Message,
+    ) -> Result<Option<(u64, tokio::sync::MutexGuard<'w, Writer<S>>)>, RpcError> {
+        let (upto, msg) = {
+            let mut outbox = self.outbox();
+            outbox.queued += 1;
+            if outbox.queue.is_empty() {
+                (outbox.queued, Some(msg))
+            } else {
+                outbox.queue.push(msg);
+                (outbox.queued, None)
+            }
+        };
+        let Some(msg) = msg else {
+            return Ok(Some((upto, writer)));
+        };
+        let Some(mut sender) = writer.sender.take() else {
+            return Err(RpcError::ClientClosed);
+        };
+        let mut batch = std::mem::take(&mut writer.spare);
+        batch.push(msg);
+        let first = {
+            let mut write = std::pin::pin!(sender.send_batch(&mut batch));
+            crate::poll_once(write.as_mut()).await
+        };
+        match first {
+            Poll::Ready(result) => {
+                writer.sender = Some(sender);
+                let failed = result.is_err();
+                self.record_write(upto, result);
+                batch.clear();
+                writer.spare = batch;
+                if failed {
+                    return Err(self.closed_error_or(RpcError::ClientClosed));
+                }
+                Ok(None)
+            }
+            Poll::Pending => {
+                writer.in_flight = Some(Self::write_later(sender, batch, upto));
+                Ok(Some((upto, writer)))
+            }
+        }
+    }
+
+    /// The error the connection ended with (set by `fail_all`), or `otherwise`.
+    fn closed_error_or(&self, otherwise: RpcError) -> RpcError {
+        self.state().closed.clone().unwrap_or(otherwise)
+    }
+
+    /// A write that has to wait, as a boxed future that owns the sender and the batch (so it
+    /// survives the call that started it): the rest of what the first attempt left
+    /// half-written, then the messages it did not take.
+    fn write_later(mut sender: S, mut batch: Vec<Message>, upto: u64) -> Write<S> {
+        Box::pin(async move {
+            let result = match sender.flush().await {
+                Ok(()) => sender.send_batch(&mut batch).await,
+                Err(e) => Err(e),
+            };
+            (sender, upto, result)
+        })
+    }
+
+    /// Writes until every message up to `ticket` has been taken by the transport, with the
+    /// writer if the caller already holds it.
+    async fn write_through(
+        self: &Arc<Self>,
+        ticket: u64,
+        writer: Option<tokio::sync::MutexGuard<'_, Writer<S>>>,
+    ) -> Result<(), RpcError> {
+        let mut writer = match writer {
+            Some(w) => w,
+            None => match self.writer.try_lock() {
+                Ok(w) => w,
+                Err(_) => self.writer.lock().await,
+            },
         };
         loop {
             self.finish_write(&mut writer).await;
@@ -537,8 +632,8 @@ impl<S: MessageSender> Shared<S> {
                 tokio::task::yield_now().await;
             }
             let (mut batch, upto) = {
+                let spare = std::mem::take(&mut writer.spare);
                 let mut outbox = self.outbox();
-                let spare = std::mem::take(&mut outbox.spare);
                 (std::mem::replace(&mut outbox.queue, spare), outbox.queued)
             };
             let Some(mut sender) = writer.sender.take() else {
@@ -557,16 +652,10 @@ impl<S: MessageSender> Shared<S> {
                 writer.sender = Some(sender);
                 self.record_write(upto, result);
                 batch.clear();
-                self.outbox().spare = batch;
+                writer.spare = batch;
                 continue;
             }
-            writer.in_flight = Some(Box::pin(async move {
-                let result = match sender.flush().await {
-                    Ok(()) => sender.send_batch(&mut batch).await,
-                    Err(e) => Err(e),
-                };
-                (sender, upto, result)
-            }));
+            writer.in_flight = Some(Self::write_later(sender, batch, upto));
         }
     }
 
@@ -689,11 +778,11 @@ impl<S: MessageSender> RpcClient<S> {
             writer: tokio::sync::Mutex::new(Writer {
                 sender: Some(sender),
                 in_flight: None,
+                spare: Vec::new(),
             }),
             outbox: Mutex::new(Outbox {
                 queue: Vec::new(),
                 queued: 0,
-                spare: Vec::new(),
             }),
             written: AtomicU64::new(0),
             state: Mutex::new(State {
