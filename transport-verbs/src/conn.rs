@@ -9,7 +9,8 @@
 //! - The receiver, while the spin budget runs, polls the CQ on its own task and holds a lease
 //!   on it, so a reply within the budget reaches it without a hop through another task.
 //! - The driver waits for its CQ's next event (routed by the device's pump thread,
-//!   `cq_pump.rs`), or spins while the budget runs and no receiver holds the lease, and on
+//!   `cq_pump.rs`, which drains the CQ itself first: `Core::on_cq_event`), or spins while the
+//!   budget runs and no receiver holds the lease, and on
 //!   rdma_cm events and the engine's next deadline. It takes over whatever the halves leave: credits and completions while nobody
 //!   waits, deadlines, the peer leaving, the teardown.
 
@@ -238,6 +239,7 @@ pub(crate) fn start(
         spin_until: None,
         app_lease: None,
         driver_turn: false,
+        pump_turn: false,
         delivered_now: false,
         reads_yield: false,
         reads_after_yield: false,
@@ -257,6 +259,19 @@ pub(crate) fn start(
         shared: shared.clone(),
         core: core.clone(),
     };
+    // While the driver sleeps on the completion channel, the device's pump thread moves the
+    // connection on at its CQ's events itself (`Core::on_cq_event`).
+    let weak = Arc::downgrade(&core);
+    res.cq_route.handle_events(Arc::new(move || {
+        let Some(core) = weak.upgrade() else {
+            return false;
+        };
+        // Waits for a half that holds the lock (never across an await). Skipping the event
+        // then instead lost it: the half had taken the completions, the pump did not arm the
+        // CQ again, and with the driver's runtime busy no later completion raised an event.
+        let mut core = lock(&core);
+        core.on_cq_event()
+    }));
     let driver = Driver {
         cq_route: Some(res.cq_route),
         core,
@@ -359,6 +374,9 @@ struct Core {
     app_lease: Option<Instant>,
     /// The driver holds the lock: what it delivers is a hand-off (`Metrics::handoffs`).
     driver_turn: bool,
+    /// The device's pump thread holds the lock (`Core::on_cq_event`): what it delivers is a
+    /// hand-off too.
+    pump_turn: bool,
     /// This driver turn delivered a message: READs wait for the application's turn.
     delivered_now: bool,
     /// The driver held back a READ for the application's turn: it yields, then posts it.
@@ -420,6 +438,65 @@ impl Core {
     fn sender_gone(&mut self) {
         self.sender_gone = true;
         self.engine.close();
+    }
+
+    /// The device's pump thread read an event of this connection's CQ. While the driver
+    /// sleeps on the completion channel (its CQ armed, no receiver polling), the pump drains
+    /// the CQ here, so that the shared receive queue gets its buffers back and the receiver
+    /// its messages at once, not once a busy runtime reaches the driver; then, as the driver
+    /// would after an event, the connection spins for its budget: the driver is kicked to do
+    /// that (and arms the CQ when the budget runs out). In pure event mode (`poll_spin` 0)
+    /// the pump arms the CQ again itself and the driver sleeps on. Returns false when the
+    /// driver must act instead (it is awake, or something failed).
+    ///
+    /// With many connections on one runtime, each woken by events, the buffers of the
+    /// shared receive queue otherwise stayed taken until that runtime reached each driver:
+    /// 1000 clients emptied a queue of 128 and spent the CPU on RNR retries (docs/scenarios.md).
+    fn on_cq_event(&mut self) -> bool {
+        if !self.parked || self.deferring || self.cfg.busy_poll || !self.usable() {
+            return false;
+        }
+        self.pump_turn = true;
+        let handled = if self.cfg.poll_spin.is_zero() {
+            self.progress_parked()
+        } else {
+            self.progress();
+            self.failed.is_none()
+        };
+        self.pump_turn = false;
+        if handled {
+            self.active();
+            if self.driver_needs_kick() {
+                self.shared.kick.notify_one();
+            }
+        }
+        handled
+    }
+
+    /// [`Core::on_cq_event`]'s work in event mode: drain and step until the CQ stays empty
+    /// after arming.
+    fn progress_parked(&mut self) -> bool {
+        loop {
+            self.progress();
+            if self.failed.is_some() {
+                return false;
+            }
+            self.metrics.syscalls.incr();
+            if let Err(e) = self.ep().arm() {
+                let f = device_fail("ibv_req_notify_cq", &self.device, e);
+                self.fail(f);
+                return false;
+            }
+            // A completion that raced the arming is taken now, not at the next event.
+            match self.poll_cq() {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(f) => {
+                    self.fail(f);
+                    return false;
+                }
+            }
+        }
     }
 
     /// Drains the CQ, then lets the engine act on time, the application's pace and queued
@@ -599,6 +676,8 @@ impl Core {
                 if self.driver_turn {
                     self.metrics.handoffs.incr();
                     self.delivered_now = true;
+                } else if self.pump_turn {
+                    self.metrics.handoffs.incr();
                 }
                 // Counted before sending, so the receiver never takes one it was not counted.
                 self.shared.backlog.fetch_add(1, Ordering::AcqRel);

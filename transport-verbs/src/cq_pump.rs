@@ -3,10 +3,12 @@
 //! per device (docs/verbs.md).
 //!
 //! A connection's driver arms its own CQ when it goes to sleep; the CQ's next completion puts
-//! an event on the device's channel. The pump thread reads it, acknowledges it and wakes the
-//! driver of the connection whose CQ it names ([`CqRoute`]), which then polls its CQ as before.
-//! The channel costs one file descriptor per device instead of one per connection, and no
-//! runtime watches a per-connection fd.
+//! an event on the device's channel. The pump thread reads it, acknowledges it and hands it to
+//! the connection whose CQ it names ([`CqRoute`]): the connection's handler
+//! ([`CqRoute::handle_events`]) drains the CQ on this thread while its driver sleeps, and
+//! otherwise (or when it cannot) the driver is woken to poll the CQ itself. The channel costs
+//! one file descriptor per device instead of one per connection, and no runtime watches a
+//! per-connection fd.
 //!
 //! A thread, not a task, for the reason the rdma_cm pump is one (`cm.rs`): connections of one
 //! transport live on several runtimes, and each must keep getting its events when another
@@ -28,10 +30,16 @@ use crate::ffi::CqEvent;
 /// How often the idle pump checks whether anything but itself still holds it.
 const PUMP_EXIT_CHECK: Duration = Duration::from_secs(1);
 
+/// Moves a connection on from the pump thread at its CQ's event; false when it cannot (its
+/// driver is woken instead).
+pub(crate) type OnEvent = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// Where an event for one CQ goes.
 struct Route {
     wake: Arc<Notify>,
     metrics: Arc<Metrics>,
+    /// Tried first: the connection moved on here, without its driver.
+    on_event: Option<OnEvent>,
 }
 
 /// A device's shared completion channel and the routes of the CQs on it.
@@ -71,6 +79,7 @@ impl CqPump {
             Route {
                 wake: wake.clone(),
                 metrics,
+                on_event: None,
             },
         );
         CqRoute {
@@ -97,6 +106,17 @@ impl CqRoute {
     /// waited is kept: the next call completes at once).
     pub(crate) async fn woken(&self) {
         self.wake.notified().await
+    }
+
+    /// Lets the pump thread move the connection on itself at the CQ's events (`on_event`
+    /// returns whether it did); the owner is woken only when it could not.
+    pub(crate) fn handle_events(&self, on_event: OnEvent) {
+        let mut routes = self.pump.lock();
+        if let Some(r) = routes.get_mut(&self.cq_key) {
+            if Arc::ptr_eq(&r.wake, &self.wake) {
+                r.on_event = Some(on_event);
+            }
+        }
     }
 }
 
@@ -139,15 +159,22 @@ fn run(pump: Arc<CqPump>) {
             match CqEvent::next(&pump.channel) {
                 Ok(Some(ev)) => {
                     let routes = pump.lock();
-                    if let Some(r) = routes.get(&ev.cq_key()) {
+                    let target = routes.get(&ev.cq_key()).map(|r| {
                         // One read(2) per event.
                         r.metrics.syscalls.incr();
-                        r.wake.notify_one();
                         first.get_or_insert_with(|| r.metrics.clone());
-                    }
+                        (r.wake.clone(), r.on_event.clone())
+                    });
                     drop(routes);
                     // Acknowledged after the look-up: until then the CQ cannot be destroyed.
+                    // The handler below reaches the CQ only through its connection, which
+                    // drops the route before it destroys the CQ.
                     drop(ev);
+                    if let Some((wake, on_event)) = target {
+                        if !on_event.is_some_and(|f| f()) {
+                            wake.notify_one();
+                        }
+                    }
                 }
                 Ok(None) => break,
                 Err(e) => {

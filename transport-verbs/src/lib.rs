@@ -112,9 +112,12 @@
 //!   bytes: 16 KiB registered with the defaults), plus its own receive buffers only with
 //!   `srq_depth = 0`. [`VerbsTransport::memory_use`] reports both parts.
 //! - **Completions.** One CQ per connection, armed through the device's completion channel:
-//!   one thread per device reads the channel and wakes the driver of the connection whose CQ
-//!   the event names (`cq_pump.rs`), on whichever runtime that connection lives, so no
-//!   connection costs a file descriptor; every wake drains the CQ completely and posts
+//!   one thread per device reads the channel (`cq_pump.rs`), so no connection costs a file
+//!   descriptor. At an event of a connection whose driver sleeps on the channel, that thread
+//!   drains the CQ itself (the shared receive queue gets its buffers back at once, not when a
+//!   busy runtime reaches the driver: with 1000 clients on one runtime the queue otherwise ran
+//!   dry and RNR retries took the CPU) and then wakes the driver, on whichever runtime it
+//!   lives, to spin for its budget; every drain takes the CQ completely and posts
 //!   everything credits allow with one doorbell. Sends are signaled selectively: the last of each batch and at
 //!   least one per quarter of the send queue; a completion releases every buffer up to it.
 //! - **Adaptive polling.** After any activity (a completion, a message to send, an rdma_cm

@@ -16,6 +16,16 @@ use transport_verbs::{VerbsConfig, VerbsTransport};
 
 const ROUND_TRIPS: u64 = 300;
 
+/// The tests of this file measure what the whole process does (CPU time, system calls,
+/// wake-ups, hand-offs): run side by side, one test's spinning connections showed up in
+/// another's idle CPU. Each takes this lock first, so they run one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    // A test that failed while holding it poisons it; the next still runs alone.
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// What `ROUND_TRIPS` 8-byte ping-pongs on one connection cost its client with this spin
 /// budget.
 struct Costs {
@@ -76,6 +86,7 @@ async fn in_both_modes(addr: std::net::SocketAddr, cost: impl Fn(&Costs) -> u64)
 
 #[test]
 fn replies_within_the_spin_budget_cost_no_completion_event() {
+    let _alone = one_at_a_time();
     let Some(addr) = common::listen_addr_or_skip("polling") else {
         return;
     };
@@ -100,6 +111,7 @@ fn replies_within_the_spin_budget_cost_no_completion_event() {
 
 #[test]
 fn replies_within_the_spin_budget_are_taken_on_the_receiving_task() {
+    let _alone = one_at_a_time();
     let Some(addr) = common::listen_addr_or_skip("polling") else {
         return;
     };
@@ -124,11 +136,130 @@ fn replies_within_the_spin_budget_are_taken_on_the_receiving_task() {
     });
 }
 
+/// Shared receive queue depth of `a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked`.
+const SMALL_SRQ: usize = 8;
+
+/// Messages sent to a connection whose driver sleeps on the completion channel reach it while
+/// the runtime it lives on is blocked, four times as many as its device's shared receive queue
+/// holds: the device's pump thread drains the connection's CQ at each event, so the queue gets
+/// each buffer back at once. Before, every buffer stayed taken until that runtime ran the
+/// connection's driver (here: never, until released), and the senders beyond the queue's depth
+/// waited on RNR retries; with a thousand clients on one runtime that emptied a queue of 128
+/// and turned into a storm of RNR retries (docs/scenarios.md).
+#[test]
+fn a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked() {
+    let _alone = one_at_a_time();
+    let Some(addr) = common::listen_addr_or_skip("polling") else {
+        return;
+    };
+    const MSGS: usize = 4 * SMALL_SRQ;
+    const BODY: &[u8] = b"parked";
+    let mut config = VerbsConfig::default();
+    config.srq_depth = SMALL_SRQ;
+    // Pure event mode: the server's driver sleeps on the channel as soon as it is idle.
+    config.poll_spin = Duration::ZERO;
+    let server_verbs = VerbsTransport::new(config).expect("transport");
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (metrics_tx, metrics_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    // The server's connection lives on a runtime of one thread, which the test blocks.
+    let server = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let mut listener = server_verbs.listen(&addr).await.expect("listen");
+            addr_tx
+                .send(listener.local_addr().expect("addr"))
+                .expect("test waits");
+            let conn = tokio::time::timeout(Duration::from_secs(30), listener.accept())
+                .await
+                .expect("accepted in time")
+                .expect("accept");
+            let metrics = conn.metrics();
+            let (_stx, mut srx) = conn.split();
+            // One message first: the handshake is done and the driver, idle again, sleeps on
+            // the completion channel (it arms the CQ in the turn that delivered it).
+            let first = tokio::time::timeout(Duration::from_secs(30), srx.recv())
+                .await
+                .expect("delivered in time")
+                .expect("recv")
+                .expect("open");
+            assert_eq!(first.header.as_slice(), b"first");
+            metrics_tx.send(metrics).expect("test waits");
+            // Blocks this runtime, and the connection's driver with it, until released.
+            release_rx
+                .recv_timeout(Duration::from_secs(60))
+                .expect("released");
+            let mut got = Vec::with_capacity(MSGS);
+            for _ in 0..MSGS {
+                let m = tokio::time::timeout(Duration::from_secs(30), srx.recv())
+                    .await
+                    .expect("delivered in time")
+                    .expect("recv")
+                    .expect("open");
+                assert_eq!(&m.payload[..], BODY);
+                got.push(m.header.as_slice()[0]);
+            }
+            got
+        })
+    });
+    common::run(async move {
+        let server_addr = addr_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("server listens");
+        let verbs = VerbsTransport::new(VerbsConfig::default()).expect("transport");
+        let conn = verbs.connect(&server_addr).await.expect("connect");
+        let (mut tx, _rx) = conn.split();
+        tx.send(Message::new(HeaderBytes::from(*b"first"), Bytes::new()))
+            .await
+            .expect("send");
+        let server_metrics = tokio::task::spawn_blocking(move || {
+            metrics_rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("server took the first message")
+        })
+        .await
+        .expect("join");
+        let before = server_metrics.snapshot().bytes_received;
+        let mut batch: Vec<Message> = (0..MSGS)
+            .map(|i| Message::new(HeaderBytes::from([i as u8]), Bytes::from_static(BODY)))
+            .collect();
+        tx.send_batch(&mut batch).await.expect("send_batch");
+        // Every message reaches the server's engine while its runtime is blocked.
+        let want = (MSGS * BODY.len()) as u64;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut got = 0;
+        while std::time::Instant::now() < deadline {
+            got = server_metrics.snapshot().bytes_received - before;
+            if got >= want {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let blocked_got = got;
+        release_tx.send(()).expect("server waits");
+        let order = tokio::task::spawn_blocking(move || server.join().expect("server thread"))
+            .await
+            .expect("join");
+        assert!(
+            blocked_got >= want,
+            "the server's engine took {blocked_got} of at least {want} bytes while its runtime \
+             was blocked"
+        );
+        let expected: Vec<u8> = (0..MSGS as u8).collect();
+        assert_eq!(order, expected, "messages out of order");
+        drop(tx);
+    });
+}
+
 /// Messages in the batch of `a_batch_of_sends_rings_one_doorbell_not_one_per_message`.
 const BATCH: u8 = 32;
 
 #[test]
 fn a_batch_of_sends_rings_one_doorbell_not_one_per_message() {
+    let _alone = one_at_a_time();
     let Some(addr) = common::listen_addr_or_skip("polling") else {
         return;
     };
@@ -237,6 +368,7 @@ fn thread_activity() -> std::collections::BTreeMap<u32, (String, u64, u64)> {
 
 #[test]
 fn idle_connections_stop_spinning_after_the_budget() {
+    let _alone = one_at_a_time();
     let Some(addr) = common::listen_addr_or_skip("polling_idle") else {
         return;
     };
@@ -342,6 +474,7 @@ fn echo(mut server: (transport_verbs::VerbsSender, transport_verbs::VerbsReceive
 
 #[test]
 fn each_connection_is_woken_by_its_own_completion_events() {
+    let _alone = one_at_a_time();
     let Some(addr) = common::listen_addr_or_skip("polling_events") else {
         return;
     };
@@ -381,6 +514,7 @@ fn each_connection_is_woken_by_its_own_completion_events() {
 
 #[test]
 fn connections_keep_their_events_after_the_runtime_that_made_the_device_ready_ends() {
+    let _alone = one_at_a_time();
     let Some(addr) = common::listen_addr_or_skip("polling_runtimes") else {
         return;
     };
