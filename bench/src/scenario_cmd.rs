@@ -179,6 +179,10 @@ pub struct Row {
     pub load: LoadConfig,
     /// The figures.
     pub stats: Stats,
+    /// RNR NAKs the machine's RDMA devices counted during the row (verbs rows, where the
+    /// device has the counter; see `sys::rnr_naks`): a shared receive queue that ran dry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rnr_naks: Option<u64>,
 }
 
 /// gRPC vs native RPC on one transport (the framework scenario).
@@ -370,9 +374,12 @@ impl<T: Transport> Ctx<'_, T> {
     ) -> Result<(), String> {
         self.progress
             .set_message(format!("{} {} {what}", self.name, scenario.label()));
+        let rnr = || (self.name == "verbs").then(crate::sys::rnr_naks).flatten();
+        let rnr0 = rnr();
         let stats = run_load(self.transport, self.addr, &load, Arc::new(workload))
             .await
             .map_err(|e| format!("{} {} {what}: {e}", self.name, scenario.label()))?;
+        let rnr_naks = rnr0.zip(rnr()).map(|(a, b)| b.saturating_sub(a));
         self.progress.inc(1);
         self.rows.push(Row {
             scenario: scenario.label(),
@@ -382,6 +389,7 @@ impl<T: Transport> Ctx<'_, T> {
             payload_bytes,
             load,
             stats,
+            rnr_naks,
         });
         Ok(())
     }
@@ -670,6 +678,21 @@ pub fn render(r: &ScenarioReport) -> String {
                 );
             }
             ScenarioName::Framework | ScenarioName::All => {}
+        }
+    }
+    for x in &r.rows {
+        if let Some(n) = x.rnr_naks.filter(|&n| n > 0) {
+            let _ = writeln!(
+                out,
+                "{} {} {} ({} clients): the RDMA device counted {n} RNR NAKs ({:.1} per call): \
+                 senders found no receive buffer posted and retried; the shared receive queue \
+                 ran dry (--verbs-srq-depth; docs/scenarios.md)",
+                x.transport,
+                x.scenario,
+                x.what,
+                x.load.clients,
+                n as f64 / x.stats.completed.max(1) as f64,
+            );
         }
     }
     let _ = writeln!(out, "\nwall time {:.1} s", r.wall_seconds);
@@ -1002,6 +1025,7 @@ mod tests {
                 p50_us: 9.0,
                 p99_us: 20.0,
             },
+            rnr_naks: None,
         }
     }
 
@@ -1046,6 +1070,38 @@ uds                     1000   40000                 150.0   750.0              
 wall time 1.0 s
 ";
         assert_eq!(text, want, "{text}");
+    }
+
+    /// A verbs row during which the device counted RNR NAKs says so under the table, with
+    /// the count per call and what to raise; rows without any (or without the counter) do not.
+    #[test]
+    fn rnr_naks_of_a_row_are_named_under_the_table() {
+        let mut storm = row(ScenarioName::Clients, "verbs", "ping", 1000, 200.0);
+        storm.rnr_naks = Some(900);
+        let mut calm = row(ScenarioName::Clients, "verbs", "ping", 10, 1000.0);
+        calm.rnr_naks = Some(0);
+        let report = ScenarioReport {
+            version: "test",
+            scenarios: vec![ScenarioName::Clients],
+            placement: crate::report::tests::placement(),
+            rows: vec![
+                calm,
+                storm,
+                row(ScenarioName::Clients, "uds", "ping", 10, 1.0),
+            ],
+            framework: Vec::new(),
+            unavailable: Vec::new(),
+            wall_seconds: 1.0,
+        };
+        let text = render(&report);
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains("RNR NAKs")).collect();
+        assert_eq!(lines.len(), 1, "{text}");
+        assert!(
+            lines[0].starts_with("verbs clients ping (1000 clients): the RDMA device counted 900 RNR NAKs (4.5 per call)"),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[0].contains("--verbs-srq-depth"), "{}", lines[0]);
     }
 
     /// Typed echo at encoded sizes that are not powers of two, and the clients scenario: the

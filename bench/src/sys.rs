@@ -81,6 +81,35 @@ pub fn verbs_polling(c: &transport_verbs::VerbsConfig) -> String {
     }
 }
 
+/// RNR NAKs the RDMA devices of this machine have received (the sender side of "no receive
+/// buffer posted"), summed over every port's `hw_counters`: rxe's `rcvd_rnr_err`, mlx5's
+/// `rnr_nak_retry_err`. `None` where no such counter can be read.
+pub fn rnr_naks() -> Option<u64> {
+    rnr_naks_in(std::path::Path::new("/sys/class/infiniband"))
+}
+
+/// [`rnr_naks`] under `root` (`/sys/class/infiniband`).
+pub fn rnr_naks_in(root: &std::path::Path) -> Option<u64> {
+    let mut total = None;
+    for dev in std::fs::read_dir(root).ok()?.flatten() {
+        let Ok(ports) = std::fs::read_dir(dev.path().join("ports")) else {
+            continue;
+        };
+        for port in ports.flatten() {
+            for name in ["rcvd_rnr_err", "rnr_nak_retry_err"] {
+                let f = port.path().join("hw_counters").join(name);
+                if let Some(n) = std::fs::read_to_string(&f)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u64>().ok())
+                {
+                    *total.get_or_insert(0) += n;
+                }
+            }
+        }
+    }
+    total
+}
+
 /// Sets the spin budget of every runtime [`runtime`] builds from now on.
 pub fn set_spin(us: u64) {
     SPIN_US.store(us, Ordering::Relaxed);
@@ -188,5 +217,35 @@ pub fn usage() -> Usage {
             }
         }
         Err(_) => Usage::default(),
+    }
+}
+
+#[cfg(test)]
+mod rnr_tests {
+    use super::rnr_naks_in;
+
+    /// The counters of every port of every device are summed, under either provider's name;
+    /// a machine without them has none.
+    #[test]
+    fn rnr_naks_sum_every_port_and_are_none_without_counters() {
+        let root = tempfile::tempdir().expect("tempdir");
+        assert_eq!(rnr_naks_in(root.path()), None, "no device");
+        let port = |dev: &str, p: &str, name: &str, v: &str| {
+            let d = root
+                .path()
+                .join(dev)
+                .join("ports")
+                .join(p)
+                .join("hw_counters");
+            std::fs::create_dir_all(&d).expect("mkdir");
+            std::fs::write(d.join(name), v).expect("write");
+        };
+        port("rxe0", "1", "rdma_sends", "7\n");
+        assert_eq!(rnr_naks_in(root.path()), None, "no RNR counter");
+        port("rxe0", "1", "rcvd_rnr_err", "410206\n");
+        port("mlx5_0", "1", "rnr_nak_retry_err", "4\n");
+        port("mlx5_0", "2", "rnr_nak_retry_err", "not a number\n");
+        assert_eq!(rnr_naks_in(root.path()), Some(410_210));
+        assert_eq!(rnr_naks_in(&root.path().join("missing")), None);
     }
 }
