@@ -272,6 +272,15 @@ pub(crate) fn start(
         let mut core = lock(&core);
         core.on_cq_event()
     }));
+    // When the device's shared receive queue runs low, the pump thread drains this CQ too,
+    // whatever the driver does (`Core::reclaim`). A core locked right now is skipped: its
+    // holder is moving the connection on, and the pump does not wait behind a thread that
+    // may be preempted while thousands of other CQs hold buffers.
+    let weak = Arc::downgrade(&core);
+    res.cq_route.reclaim_with(Arc::new(move || {
+        weak.upgrade()
+            .is_some_and(|core| core.try_lock().is_ok_and(|mut core| core.reclaim()))
+    }));
     let driver = Driver {
         cq_route: Some(res.cq_route),
         core,
@@ -469,8 +478,35 @@ impl Core {
             if self.driver_needs_kick() {
                 self.shared.kick.notify_one();
             }
+            if !self.cfg.poll_spin.is_zero() {
+                // The event used up the arming: until the driver runs, the CQ raises no
+                // event, and a low shared receive queue must drain it (`Core::reclaim`).
+                self.parked = false;
+            }
         }
         handled
+    }
+
+    /// The device's shared receive queue ran low (the pump thread, at the device's
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`): drains the CQ, whose receive completions hold its
+    /// buffers, and posts them again. A connection that spins on a runtime busy with others
+    /// polls its CQ only when that runtime comes round, and a spinning CQ raises no event, so
+    /// without this the queue stayed empty and the peers' sends waited on RNR retries.
+    /// Returns whether it took anything (the connection then spins, and its driver is woken
+    /// if it must act).
+    fn reclaim(&mut self) -> bool {
+        // A parked driver armed the CQ after its last poll: a completion since then raised
+        // an event, which the pump drains (`Core::on_cq_event`).
+        if !self.usable() || self.parked {
+            return false;
+        }
+        self.pump_turn = true;
+        let n = self.drain_cq();
+        self.pump_turn = false;
+        if n > 0 {
+            self.acted();
+        }
+        n > 0
     }
 
     /// [`Core::on_cq_event`]'s work in event mode: drain and step until the CQ stays empty

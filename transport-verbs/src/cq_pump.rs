@@ -10,6 +10,13 @@
 //! one file descriptor per device instead of one per connection, and no runtime watches a
 //! per-connection fd.
 //!
+//! The pump also reads the device's asynchronous events. When a shared receive queue runs
+//! below its low-water mark (`IBV_EVENT_SRQ_LIMIT_REACHED`), the buffers it misses sit in
+//! completions nobody has polled yet: those of connections that spin on a runtime busy with
+//! other connections (a CQ that spins raises no event). The pump then drains every
+//! connection's CQ ([`CqRoute::reclaim_with`]) and arms the limit again, so the senders
+//! find buffers instead of retrying on RNR NAKs until each runtime comes round.
+//!
 //! A thread, not a task, for the reason the rdma_cm pump is one (`cm.rs`): connections of one
 //! transport live on several runtimes, and each must keep getting its events when another
 //! runtime ends. The thread sleeps in poll(2) while no event comes, and ends once nothing but
@@ -17,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use sideway::ibverbs::completion::CompletionChannel;
@@ -25,7 +32,7 @@ use sideway::ibverbs::device_context::DeviceContext;
 use tokio::sync::Notify;
 use transport_core::Metrics;
 
-use crate::ffi::CqEvent;
+use crate::ffi::{AsyncEvents, CqEvent};
 
 /// How often the idle pump checks whether anything but itself still holds it.
 const PUMP_EXIT_CHECK: Duration = Duration::from_secs(1);
@@ -40,12 +47,43 @@ struct Route {
     metrics: Arc<Metrics>,
     /// Tried first: the connection moved on here, without its driver.
     on_event: Option<OnEvent>,
+    /// Drains the connection's CQ when the shared receive queue runs low.
+    reclaim: Option<OnEvent>,
+}
+
+/// A shared receive queue whose low-water events a pump serves.
+pub(crate) trait LowWater: Send + Sync {
+    /// Names the queue in the device's asynchronous events.
+    fn key(&self) -> usize;
+    /// Asks the device for the next low-water event.
+    fn arm(&self) -> std::io::Result<()>;
+}
+
+impl<B: crate::ffi::LocalMemory> LowWater for crate::ffi::Srq<B> {
+    fn key(&self) -> usize {
+        crate::ffi::Srq::key(self)
+    }
+    fn arm(&self) -> std::io::Result<()> {
+        self.arm_limit()
+    }
+}
+
+/// The pump that serves each shared receive queue's low-water events, by queue key, for the
+/// whole process: the transports of a process share a device's context and its one queue of
+/// asynchronous events, so whichever pump reads an event hands it on here.
+static WATCHED: Mutex<Vec<(usize, Weak<CqPump>)>> = Mutex::new(Vec::new());
+
+fn watched() -> std::sync::MutexGuard<'static, Vec<(usize, Weak<CqPump>)>> {
+    WATCHED.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A device's shared completion channel and the routes of the CQs on it.
 pub(crate) struct CqPump {
     channel: Arc<CompletionChannel>,
     routes: Mutex<HashMap<usize, Route>>,
+    events: AsyncEvents,
+    /// The domain's shared receive queue, if it has one (not kept alive by the pump).
+    low_water: Mutex<Option<Weak<dyn LowWater>>>,
 }
 
 impl CqPump {
@@ -56,12 +94,60 @@ impl CqPump {
         let pump = Arc::new(CqPump {
             channel,
             routes: Mutex::new(HashMap::new()),
+            events: AsyncEvents::new(ctx)?,
+            low_water: Mutex::new(None),
         });
         let pumped = pump.clone();
         std::thread::Builder::new()
             .name(format!("verbs-cq-{device}"))
             .spawn(move || run(pumped))?;
         Ok(pump)
+    }
+
+    /// Serves the low-water events of the domain's shared receive queue `q`: at each, every
+    /// route's CQ is drained ([`CqRoute::reclaim_with`]) and the limit armed again.
+    pub(crate) fn watch(self: &Arc<Self>, q: Arc<dyn LowWater>) -> std::io::Result<()> {
+        let key = q.key();
+        {
+            let mut w = watched();
+            w.retain(|(k, p)| *k != key && p.strong_count() > 0);
+            w.push((key, Arc::downgrade(self)));
+        }
+        q.arm()?;
+        *self.low_water.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::downgrade(&q));
+        Ok(())
+    }
+
+    /// The shared receive queue ran low: drains every connection's CQ (their completions
+    /// hold its buffers), then arms the limit again. Runs on a pump thread.
+    fn reclaim(&self) {
+        let handlers: Vec<OnEvent> = self
+            .lock()
+            .values()
+            .filter_map(|r| r.reclaim.clone())
+            .collect();
+        let mut drained = 0usize;
+        for h in &handlers {
+            if h() {
+                drained += 1;
+            }
+        }
+        tracing::trace!(
+            connections = handlers.len(),
+            drained,
+            "shared receive queue low: CQs drained"
+        );
+        let q = self
+            .low_water
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(Weak::upgrade);
+        if let Some(q) = q {
+            if let Err(e) = q.arm() {
+                tracing::warn!(error = %e, "ibv_modify_srq (limit) failed; the shared receive queue is no longer watched");
+            }
+        }
     }
 
     /// The channel to create CQs on.
@@ -80,6 +166,7 @@ impl CqPump {
                 wake: wake.clone(),
                 metrics,
                 on_event: None,
+                reclaim: None,
             },
         );
         CqRoute {
@@ -120,6 +207,25 @@ impl CqRoute {
     }
 }
 
+impl CqRoute {
+    /// Lets the pump thread drain the connection's CQ when the device's shared receive queue
+    /// runs low (`reclaim` returns whether it took anything).
+    pub(crate) fn reclaim_with(&self, reclaim: OnEvent) {
+        let mut routes = self.pump.lock();
+        if let Some(r) = routes.get_mut(&self.cq_key) {
+            if Arc::ptr_eq(&r.wake, &self.wake) {
+                r.reclaim = Some(reclaim);
+            }
+        }
+    }
+}
+
+impl Drop for CqPump {
+    fn drop(&mut self) {
+        watched().retain(|(_, p)| p.strong_count() > 0);
+    }
+}
+
 impl Drop for CqRoute {
     fn drop(&mut self) {
         let mut routes = self.pump.lock();
@@ -133,16 +239,56 @@ impl Drop for CqRoute {
     }
 }
 
+/// Reads the device's asynchronous events until none is left; a shared receive queue that
+/// ran low is reclaimed by the pump that watches it ([`CqPump::watch`]).
+fn async_events(pump: &CqPump) {
+    loop {
+        match pump.events.next() {
+            Ok(Some(ev)) => {
+                let Some(key) = ev.srq_limit_reached() else {
+                    // Queue pairs and CQs report their failures through their work
+                    // completions too; the event only says it first.
+                    tracing::debug!(event = ev.name(), "verbs asynchronous event");
+                    continue;
+                };
+                let owner = watched()
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .and_then(|(_, p)| p.upgrade());
+                // Acknowledged after the look-up: until then the SRQ cannot be destroyed.
+                drop(ev);
+                if let Some(owner) = owner {
+                    owner.reclaim();
+                }
+            }
+            Ok(None) => return,
+            Err(e) => {
+                // Another pump of the device may have read it first (EAGAIN is `None`);
+                // anything else is left for the next wake-up.
+                tracing::debug!(error = %e, "ibv_get_async_event failed");
+                return;
+            }
+        }
+    }
+}
+
 fn run(pump: Arc<CqPump>) {
     let fd = pump.channel.as_raw_fd();
+    let async_fd = pump.events.fd();
     loop {
         if Arc::strong_count(&pump) <= 1 {
             break;
         }
-        // `fd` stays open while `pump` lives (held here).
-        match crate::ffi::wait_readable(fd, PUMP_EXIT_CHECK) {
-            Ok(true) => {}
-            Ok(false) => continue,
+        // Both descriptors stay open while `pump` lives (held here).
+        match crate::ffi::wait_readable_any([fd, async_fd], PUMP_EXIT_CHECK) {
+            Ok([cq, dev]) => {
+                if dev {
+                    async_events(&pump);
+                }
+                if !cq {
+                    continue;
+                }
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 tracing::error!(error = %e, "poll(2) on the completion channel failed; verbs completion events stop");

@@ -174,6 +174,13 @@ impl Domains {
             .min(usize::try_from(device_reads).unwrap_or(1))
             .clamp(1, 255) as u8;
         let cq_pump = CqPump::start(ctx, device)?;
+        if let Some(srq) = &srq {
+            // A device that cannot report the queue low still works: buffers then come back
+            // only as each connection polls its CQ.
+            if let Err(e) = cq_pump.watch(srq.clone()) {
+                tracing::warn!(device, error = %e, "the shared receive queue's limit cannot be armed; it is not watched");
+            }
+        }
         let d = Arc::new(Domain {
             pd,
             pool,

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use rdma_mummy_sys as sys;
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue};
+use sideway::ibverbs::device_context::DeviceContext;
 use sideway::ibverbs::memory_region::{MemoryRegion, RegisterMemoryRegionError};
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{QueuePair, QueuePairAttribute, QueuePairState};
@@ -530,6 +531,35 @@ pub(crate) fn wait_readable(
     }
 }
 
+/// Waits until one of `fds` is readable or `timeout` passes: which are readable (none on
+/// timeout).
+pub(crate) fn wait_readable_any<const N: usize>(
+    fds: [std::os::fd::RawFd; N],
+    timeout: std::time::Duration,
+) -> io::Result<[bool; N]> {
+    let mut p = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `p` is an array of N valid, writable pollfds for the duration of the call; an
+    // invalid fd is reported in `revents` (POLLNVAL, turned into an error).
+    let rc = unsafe { libc::poll(p.as_mut_ptr(), N as libc::nfds_t, ms) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if p.iter()
+        .any(|p| p.revents & (libc::POLLNVAL | libc::POLLERR) != 0)
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            "poll(2): a descriptor is invalid or in error",
+        ));
+    }
+    Ok(p.map(|p| p.revents & libc::POLLIN != 0))
+}
+
 /// One completion event read from a completion channel that several CQs share: names its CQ
 /// and acknowledges the event when dropped.
 ///
@@ -577,6 +607,139 @@ impl Drop for CqEvent {
         // SAFETY: the event was read for this CQ and not yet acknowledged, so the CQ cannot
         // have been destroyed (its destruction waits for this acknowledgement).
         unsafe { sys::ibv_ack_cq_events(self.cq.as_ptr(), 1) };
+    }
+}
+
+/// The asynchronous events of one device context (`ibv_get_async_event`): a shared receive
+/// queue that ran below its limit, a queue pair or CQ that failed, a port that changed.
+/// Several transports in a process share a device's context (rdma_cm opens each device once),
+/// and with it this one queue of events.
+pub(crate) struct AsyncEvents {
+    ctx: Arc<DeviceContext>,
+}
+
+impl AsyncEvents {
+    /// Makes the context's event descriptor non-blocking (for poll(2)) and reads from it.
+    pub(crate) fn new(ctx: &Arc<DeviceContext>) -> io::Result<AsyncEvents> {
+        let ev = AsyncEvents { ctx: ctx.clone() };
+        let fd = ev.fd();
+        // SAFETY: `fd` is the context's open descriptor (it lives while the context does);
+        // F_GETFL/F_SETFL only read and set its status flags.
+        let rc = unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags < 0 {
+                flags
+            } else {
+                libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK)
+            }
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(ev)
+    }
+
+    /// The descriptor to poll(2) for events; open while `self` lives.
+    pub(crate) fn fd(&self) -> std::os::fd::RawFd {
+        // SAFETY: the context is valid while `self.ctx` lives; only the descriptor is read.
+        unsafe { self.ctx.context().as_ref().async_fd }
+    }
+
+    /// Reads the next event: `Ok(None)` when there is none.
+    pub(crate) fn next(&self) -> io::Result<Option<AsyncEvent>> {
+        let mut raw = RawAsyncEvent {
+            element: 0,
+            event_type: 0,
+        };
+        // SAFETY: the context is valid while `self.ctx` lives; `raw` has the layout of
+        // `ibv_async_event` (checked below) and is writable for the call. The descriptor is
+        // non-blocking: no event is -1 with EAGAIN.
+        let rc = unsafe {
+            sys::ibv_get_async_event(
+                self.ctx.context().as_ptr(),
+                (&mut raw as *mut RawAsyncEvent).cast(),
+            )
+        };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock => Ok(None),
+                _ => Err(e),
+            };
+        }
+        Ok(Some(AsyncEvent { raw }))
+    }
+}
+
+/// `struct ibv_async_event` with its event type read as a plain number (a type this binding
+/// does not know must not become an invalid enum value).
+#[repr(C)]
+struct RawAsyncEvent {
+    /// The union of the CQ, QP, SRQ or WQ pointer and the port number.
+    element: u64,
+    event_type: u32,
+}
+
+const _: () = assert!(
+    std::mem::size_of::<RawAsyncEvent>() == std::mem::size_of::<sys::ibv_async_event>()
+        && std::mem::align_of::<RawAsyncEvent>() == std::mem::align_of::<sys::ibv_async_event>()
+);
+
+/// One asynchronous event, acknowledged when dropped. The object it names (an SRQ, a QP, a
+/// CQ) cannot be destroyed before that (its destruction waits for the acknowledgement): look
+/// it up, then drop the event.
+pub(crate) struct AsyncEvent {
+    raw: RawAsyncEvent,
+}
+
+// SAFETY: the event only carries an object's address and is acknowledged once, which
+// libibverbs allows from any thread.
+unsafe impl Send for AsyncEvent {}
+
+impl AsyncEvent {
+    /// The key ([`Srq::key`]) of the shared receive queue whose limit was reached, if that is
+    /// what the event says.
+    pub(crate) fn srq_limit_reached(&self) -> Option<usize> {
+        (self.raw.event_type == sys::ibv_event_type::IBV_EVENT_SRQ_LIMIT_REACHED as u32)
+            .then_some(self.raw.element as usize)
+    }
+
+    /// The event's type, as `enum ibv_event_type` names it.
+    pub(crate) fn name(&self) -> &'static str {
+        const NAMES: [&str; 21] = [
+            "IBV_EVENT_CQ_ERR",
+            "IBV_EVENT_QP_FATAL",
+            "IBV_EVENT_QP_REQ_ERR",
+            "IBV_EVENT_QP_ACCESS_ERR",
+            "IBV_EVENT_COMM_EST",
+            "IBV_EVENT_SQ_DRAINED",
+            "IBV_EVENT_PATH_MIG",
+            "IBV_EVENT_PATH_MIG_ERR",
+            "IBV_EVENT_DEVICE_FATAL",
+            "IBV_EVENT_PORT_ACTIVE",
+            "IBV_EVENT_PORT_ERR",
+            "IBV_EVENT_LID_CHANGE",
+            "IBV_EVENT_PKEY_CHANGE",
+            "IBV_EVENT_SM_CHANGE",
+            "IBV_EVENT_SRQ_ERR",
+            "IBV_EVENT_SRQ_LIMIT_REACHED",
+            "IBV_EVENT_QP_LAST_WQE_REACHED",
+            "IBV_EVENT_CLIENT_REREGISTER",
+            "IBV_EVENT_GID_CHANGE",
+            "IBV_EVENT_WQ_FATAL",
+            "IBV_EVENT_DEVICE_SPEED_CHANGE",
+        ];
+        NAMES
+            .get(self.raw.event_type as usize)
+            .copied()
+            .unwrap_or("unknown")
+    }
+}
+
+impl Drop for AsyncEvent {
+    fn drop(&mut self) {
+        // SAFETY: the event was read by `ibv_get_async_event` and not yet acknowledged.
+        unsafe { sys::ibv_ack_async_event((&mut self.raw as *mut RawAsyncEvent).cast()) };
     }
 }
 

@@ -79,7 +79,12 @@
 //!   (`min_rnr_timer` 7, set on every queue pair; rdma_cm's default is 655 ms), never lost.
 //!   Every buffer a completion takes from the queue is posted again (the same buffer, or a fresh
 //!   one from the pool when the payload was handed over in place), also for the completions a
-//!   closing queue pair never polled. With `srq_depth = 0` each connection posts `recv_depth`
+//!   closing queue pair never polled. Buffers come back as completions are polled; the queue's
+//!   limit is armed at a quarter of its depth, and when it runs below that
+//!   (`IBV_EVENT_SRQ_LIMIT_REACHED`) the device's pump thread drains the CQ of every
+//!   connection that is not asleep on the channel, so that a connection spinning on a busy or
+//!   blocked runtime does not keep the other connections' buffers (a device that cannot arm
+//!   the limit is used without it). With `srq_depth = 0` each connection posts `recv_depth`
 //!   buffers of its own instead (4 MiB per connection with the defaults), and the receiver never
 //!   runs out of posted buffers.
 //! - **Eager.** A message whose header and payload fit the peer's receive buffer is sent by

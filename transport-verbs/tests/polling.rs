@@ -136,7 +136,7 @@ fn replies_within_the_spin_budget_are_taken_on_the_receiving_task() {
     });
 }
 
-/// Shared receive queue depth of `a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked`.
+/// Shared receive queue depth of [`messages_reach_a_blocked_runtime`].
 const SMALL_SRQ: usize = 8;
 
 /// Messages sent to a connection whose driver sleeps on the completion channel reach it while
@@ -148,6 +148,25 @@ const SMALL_SRQ: usize = 8;
 /// and turned into a storm of RNR retries (docs/scenarios.md).
 #[test]
 fn a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked() {
+    // Pure event mode: the server's driver sleeps on the channel as soon as it is idle.
+    messages_reach_a_blocked_runtime(Duration::ZERO);
+}
+
+/// Like `a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked`, but the
+/// server's connection spins (its budget outlasts the test), so its CQ is never armed and
+/// raises no event: when the shared receive queue runs below its limit, the device's pump
+/// drains every connection's CQ and posts the buffers again. Before, the 8 buffers stayed in
+/// the unpolled CQ and the sender retried on RNR NAKs until the runtime was released (with
+/// many clients spinning on one busy runtime: the RNR storm of docs/scenarios.md).
+#[test]
+fn a_spinning_connection_gives_back_its_buffers_while_its_runtime_is_blocked() {
+    messages_reach_a_blocked_runtime(Duration::from_secs(120));
+}
+
+/// Sends four times the shared receive queue's depth to a server connection whose runtime is
+/// blocked (its driver spins for `poll_spin` after activity), and asserts they all reach its
+/// engine meanwhile, then arrive whole and in order.
+fn messages_reach_a_blocked_runtime(poll_spin: Duration) {
     let _alone = one_at_a_time();
     let Some(addr) = common::listen_addr_or_skip("polling") else {
         return;
@@ -156,8 +175,7 @@ fn a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked() {
     const BODY: &[u8] = b"parked";
     let mut config = VerbsConfig::default();
     config.srq_depth = SMALL_SRQ;
-    // Pure event mode: the server's driver sleeps on the channel as soon as it is idle.
-    config.poll_spin = Duration::ZERO;
+    config.poll_spin = poll_spin;
     let server_verbs = VerbsTransport::new(config).expect("transport");
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (metrics_tx, metrics_rx) = std::sync::mpsc::channel();
@@ -180,7 +198,7 @@ fn a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked() {
             let metrics = conn.metrics();
             let (_stx, mut srx) = conn.split();
             // One message first: the handshake is done and the driver, idle again, sleeps on
-            // the completion channel (it arms the CQ in the turn that delivered it).
+            // the completion channel (it arms the CQ in the turn that delivered it), or spins.
             let first = tokio::time::timeout(Duration::from_secs(30), srx.recv())
                 .await
                 .expect("delivered in time")

@@ -113,6 +113,41 @@ impl<B: LocalMemory> Srq<B> {
         self.posted() * self.buf_size
     }
 
+    /// Names the SRQ in asynchronous events ([`super::AsyncEvent::srq_limit_reached`]).
+    pub(crate) fn key(&self) -> usize {
+        self.srq.as_ptr() as usize
+    }
+
+    /// Posted buffers below which the device reports the SRQ low ([`Srq::arm_limit`]): a
+    /// quarter of its slots, at least one.
+    pub(crate) fn low_water(&self) -> usize {
+        (self.depth() / 4).max(1)
+    }
+
+    /// Arms the SRQ's limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): the next time a receive
+    /// leaves it with fewer than [`Srq::low_water`] buffers posted, the device raises
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED` once; arm it again after each event.
+    pub(crate) fn arm_limit(&self) -> io::Result<()> {
+        let mut attr = sys::ibv_srq_attr {
+            max_wr: 0,
+            max_sge: 0,
+            srq_limit: u32::try_from(self.low_water()).map_err(|_| io::ErrorKind::InvalidInput)?,
+        };
+        // SAFETY: the SRQ handle is valid while `self` lives; `attr` is a valid attribute
+        // struct for the call, of which only `srq_limit` is read (the mask).
+        let rc = unsafe {
+            sys::ibv_modify_srq(
+                self.raw(),
+                &mut attr,
+                sys::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as std::os::raw::c_int,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(())
+    }
+
     /// Takes the buffer of a receive completion (`None`: not a slot of this SRQ).
     pub(crate) fn take(&self, slot: usize) -> Option<B> {
         let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
