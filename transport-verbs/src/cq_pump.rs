@@ -275,12 +275,18 @@ fn async_events(pump: &CqPump) {
 fn run(pump: Arc<CqPump>) {
     let fd = pump.channel.as_raw_fd();
     let async_fd = pump.events.fd();
+    let mut watch_device = true;
     loop {
         if Arc::strong_count(&pump) <= 1 {
             break;
         }
         // Both descriptors stay open while `pump` lives (held here).
-        match crate::ffi::wait_readable_any([fd, async_fd], PUMP_EXIT_CHECK) {
+        let polled = if watch_device {
+            crate::ffi::wait_readable_any([fd, async_fd], PUMP_EXIT_CHECK)
+        } else {
+            crate::ffi::wait_readable(fd, PUMP_EXIT_CHECK).map(|cq| [cq, false])
+        };
+        match polled {
             Ok([cq, dev]) => {
                 if dev {
                     async_events(&pump);
@@ -290,6 +296,12 @@ fn run(pump: Arc<CqPump>) {
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if watch_device && crate::ffi::wait_readable(fd, Duration::ZERO).is_ok() => {
+                // The device's event descriptor failed, not the channel: completions go on.
+                tracing::warn!(error = %e, "poll(2) on the device's asynchronous events failed; the shared receive queue is no longer watched");
+                watch_device = false;
+                continue;
+            }
             Err(e) => {
                 tracing::error!(error = %e, "poll(2) on the completion channel failed; verbs completion events stop");
                 for r in pump.lock().values() {
