@@ -31,7 +31,7 @@ use transport_core::{
 
 use crate::cm::{CmMsg, Established};
 use crate::config::VerbsConfig;
-use crate::cq_pump::CqRoute;
+use crate::cq_pump::{CqRoute, OnEvent};
 use crate::engine::{self, Engine, OutMsg, RecvBuf, Work, MAX_WRS_PER_WORK};
 use crate::error::{VerbsError, WorkRequestKind};
 use crate::ffi::{Completion, Endpoint, HeldBytes, ReadSpec, SqLocal, WcFailure};
@@ -260,9 +260,10 @@ pub(crate) fn start(
         core: core.clone(),
     };
     // While the driver sleeps on the completion channel, the device's pump thread moves the
-    // connection on at its CQ's events itself (`Core::on_cq_event`).
+    // connection on at its CQ's events itself (`Core::on_cq_event`); when the device's shared
+    // receive queue runs low, it drains this CQ too, whatever the driver does (`Core::reclaim`).
     let weak = Arc::downgrade(&core);
-    res.cq_route.handle_events(Arc::new(move || {
+    let on_event: OnEvent = Arc::new(move || {
         let Some(core) = weak.upgrade() else {
             return false;
         };
@@ -271,16 +272,16 @@ pub(crate) fn start(
         // CQ again, and with the driver's runtime busy no later completion raised an event.
         let mut core = lock(&core);
         core.on_cq_event()
-    }));
-    // When the device's shared receive queue runs low, the pump thread drains this CQ too,
-    // whatever the driver does (`Core::reclaim`). A core locked right now is skipped: its
-    // holder is moving the connection on, and the pump does not wait behind a thread that
-    // may be preempted while thousands of other CQs hold buffers.
+    });
+    // A core locked right now is skipped: its holder is moving the connection on, and the
+    // pump does not wait behind a thread that may be preempted while thousands of other CQs
+    // hold buffers.
     let weak = Arc::downgrade(&core);
-    res.cq_route.reclaim_with(Arc::new(move || {
+    let reclaim: OnEvent = Arc::new(move || {
         weak.upgrade()
             .is_some_and(|core| core.try_lock().is_ok_and(|mut core| core.reclaim()))
-    }));
+    });
+    res.cq_route.handle_events(on_event, reclaim);
     let driver = Driver {
         cq_route: Some(res.cq_route),
         core,

@@ -14,7 +14,7 @@
 //! below its low-water mark (`IBV_EVENT_SRQ_LIMIT_REACHED`), the buffers it misses sit in
 //! completions nobody has polled yet: those of connections that spin on a runtime busy with
 //! other connections (a CQ that spins raises no event). The pump then drains every
-//! connection's CQ ([`CqRoute::reclaim_with`]) and arms the limit again, so the senders
+//! connection's CQ ([`CqRoute::handle_events`]) and arms the limit again, so the senders
 //! find buffers instead of retrying on RNR NAKs until each runtime comes round.
 //!
 //! A thread, not a task, for the reason the rdma_cm pump is one (`cm.rs`): connections of one
@@ -105,7 +105,7 @@ impl CqPump {
     }
 
     /// Serves the low-water events of the domain's shared receive queue `q`: at each, every
-    /// route's CQ is drained ([`CqRoute::reclaim_with`]) and the limit armed again.
+    /// route's CQ is drained ([`CqRoute::handle_events`]) and the limit armed again.
     pub(crate) fn watch(self: &Arc<Self>, q: Arc<dyn LowWater>) -> std::io::Result<()> {
         let key = q.key();
         {
@@ -195,25 +195,15 @@ impl CqRoute {
         self.wake.notified().await
     }
 
-    /// Lets the pump thread move the connection on itself at the CQ's events (`on_event`
-    /// returns whether it did); the owner is woken only when it could not.
-    pub(crate) fn handle_events(&self, on_event: OnEvent) {
+    /// Lets the pump thread move the connection on itself: at the CQ's events (`on_event`
+    /// returns whether it did; the owner is woken only when it could not), and when the
+    /// device's shared receive queue runs low (`reclaim` drains the CQ, returning whether it
+    /// took anything).
+    pub(crate) fn handle_events(&self, on_event: OnEvent, reclaim: OnEvent) {
         let mut routes = self.pump.lock();
         if let Some(r) = routes.get_mut(&self.cq_key) {
             if Arc::ptr_eq(&r.wake, &self.wake) {
                 r.on_event = Some(on_event);
-            }
-        }
-    }
-}
-
-impl CqRoute {
-    /// Lets the pump thread drain the connection's CQ when the device's shared receive queue
-    /// runs low (`reclaim` returns whether it took anything).
-    pub(crate) fn reclaim_with(&self, reclaim: OnEvent) {
-        let mut routes = self.pump.lock();
-        if let Some(r) = routes.get_mut(&self.cq_key) {
-            if Arc::ptr_eq(&r.wake, &self.wake) {
                 r.reclaim = Some(reclaim);
             }
         }
@@ -248,7 +238,10 @@ fn async_events(pump: &CqPump) {
                 let Some(key) = ev.srq_limit_reached() else {
                     // Queue pairs and CQs report their failures through their work
                     // completions too; the event only says it first.
-                    tracing::debug!(event = ev.name(), "verbs asynchronous event");
+                    tracing::debug!(
+                        event_type = ev.event_type(),
+                        "verbs asynchronous event (enum ibv_event_type)"
+                    );
                     continue;
                 };
                 let owner = watched()

@@ -511,24 +511,7 @@ pub(crate) fn wait_readable(
     fd: std::os::fd::RawFd,
     timeout: std::time::Duration,
 ) -> io::Result<bool> {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: `p` is one valid, writable pollfd for the duration of the call; an invalid fd
-    // is reported in `revents` (POLLNVAL, turned into an error), not undefined behaviour.
-    let rc = unsafe { libc::poll(&mut p, 1, ms) };
-    match rc {
-        0 => Ok(false),
-        n if n > 0 && p.revents & (libc::POLLNVAL | libc::POLLERR) != 0 => Err(io::Error::new(
-            io::ErrorKind::BrokenPipe,
-            "poll(2): the descriptor is invalid or in error",
-        )),
-        n if n > 0 => Ok(true),
-        _ => Err(io::Error::last_os_error()),
-    }
+    wait_readable_any([fd], timeout).map(|[readable]| readable)
 }
 
 /// Waits until one of `fds` is readable or `timeout` passes: which are readable (none on
@@ -704,35 +687,9 @@ impl AsyncEvent {
             .then_some(self.raw.element as usize)
     }
 
-    /// The event's type, as `enum ibv_event_type` names it.
-    pub(crate) fn name(&self) -> &'static str {
-        const NAMES: [&str; 21] = [
-            "IBV_EVENT_CQ_ERR",
-            "IBV_EVENT_QP_FATAL",
-            "IBV_EVENT_QP_REQ_ERR",
-            "IBV_EVENT_QP_ACCESS_ERR",
-            "IBV_EVENT_COMM_EST",
-            "IBV_EVENT_SQ_DRAINED",
-            "IBV_EVENT_PATH_MIG",
-            "IBV_EVENT_PATH_MIG_ERR",
-            "IBV_EVENT_DEVICE_FATAL",
-            "IBV_EVENT_PORT_ACTIVE",
-            "IBV_EVENT_PORT_ERR",
-            "IBV_EVENT_LID_CHANGE",
-            "IBV_EVENT_PKEY_CHANGE",
-            "IBV_EVENT_SM_CHANGE",
-            "IBV_EVENT_SRQ_ERR",
-            "IBV_EVENT_SRQ_LIMIT_REACHED",
-            "IBV_EVENT_QP_LAST_WQE_REACHED",
-            "IBV_EVENT_CLIENT_REREGISTER",
-            "IBV_EVENT_GID_CHANGE",
-            "IBV_EVENT_WQ_FATAL",
-            "IBV_EVENT_DEVICE_SPEED_CHANGE",
-        ];
-        NAMES
-            .get(self.raw.event_type as usize)
-            .copied()
-            .unwrap_or("unknown")
+    /// The event's type, a value of `enum ibv_event_type` (`ibv_event_type_str` names it).
+    pub(crate) fn event_type(&self) -> u32 {
+        self.raw.event_type
     }
 }
 
