@@ -222,7 +222,8 @@ struct RunArgs {
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
     window: u64,
     /// Most payload bytes in flight per client thread: a byte-sequence cell of SIZE runs
-    /// min(--window, this / SIZE) calls at once (at least 1). Default 2M on uds and tcp, where
+    /// min(--window, this / SIZE) calls at once (at least 1; on uds and tcp an echo call counts
+    /// 2 x SIZE, its request and its reply). Default 2M on uds and tcp, where
     /// bytes in flight beyond the CPU cache cost more than they hide, and 8M on verbs (an eighth
     /// of a locked-memory limit if less, at least 2M), whose rendezvous moves a large payload
     /// after a round trip of its own, so that 2 MiB (two 1 MiB calls) left the device idle
@@ -396,6 +397,7 @@ impl RunArgs {
             verbs_window_bytes: self
                 .window_bytes
                 .unwrap_or_else(suite::verbs_window_bytes_here),
+            echo_both_ways: true,
             client_core,
             rpc_io: self.rpc_io,
             heap_payload: self.heap_payload,
@@ -1120,30 +1122,56 @@ mod tests {
     fn window_bytes_caps_calls_in_flight() {
         let cli = Cli::try_parse_from(["bench", "--window", "16", "--window-bytes", "2M"]).unwrap();
         let s = cli.run.settings(None);
-        assert_eq!(s.window_for(1024), 16);
-        assert_eq!(s.window_for(256 << 10), 8);
-        assert_eq!(s.window_for(500_000), 4);
-        assert_eq!(s.window_for(1 << 20), 2);
-        assert_eq!(s.window_for(64 << 20), 1, "never below one call");
+        assert_eq!(s.window_for(Op::Send, 1024), 16);
+        assert_eq!(s.window_for(Op::Send, 256 << 10), 8);
+        assert_eq!(s.window_for(Op::Recv, 500_000), 4);
+        assert_eq!(s.window_for(Op::Oneway, 1 << 20), 2);
+        assert_eq!(s.window_for(Op::Send, 64 << 20), 1, "never below one call");
         assert_eq!(
-            s.for_verbs().window_for(1 << 20),
+            s.for_verbs().window_for(Op::Send, 1 << 20),
             2,
             "given, it applies to verbs too"
         );
     }
 
     #[test]
+    fn an_echo_counts_its_bytes_both_ways_except_on_verbs() {
+        let cli = Cli::try_parse_from(["bench", "--window-bytes", "2M"]).unwrap();
+        let s = cli.run.settings(None);
+        assert_eq!(
+            s.window_for(Op::Echo, 256 << 10),
+            4,
+            "1 MiB out, 1 MiB back"
+        );
+        assert_eq!(s.window_for(Op::Recv, 256 << 10), 8);
+        assert_eq!(s.window_for(Op::Echo, 1 << 20), 1);
+        assert_eq!(
+            s.window_for(Op::Echo, 1024),
+            16,
+            "the call limit still holds"
+        );
+        let verbs = s.for_verbs();
+        assert_eq!(verbs.window_for(Op::Echo, 256 << 10), 8);
+        assert_eq!(verbs.window_for(Op::Echo, 1 << 20), 2);
+    }
+
+    #[test]
     fn verbs_keeps_more_bytes_in_flight_by_default() {
         let cli = Cli::try_parse_from(["bench"]).unwrap();
         let s = cli.run.settings(None);
-        assert_eq!(s.window_for(1 << 20), 2);
+        assert_eq!(s.window_for(Op::Send, 1 << 20), 2);
         let verbs = s.for_verbs();
         assert_eq!(verbs.window_bytes, suite::verbs_window_bytes_here());
         assert!(verbs.window_bytes >= s.window_bytes && verbs.window_bytes <= 8 << 20);
         if transport_verbs::memlock_budget().is_none_or(|b| b >= 64 << 20) {
-            assert_eq!(verbs.window_for(1 << 20), 8);
+            assert_eq!(verbs.window_for(Op::Send, 1 << 20), 8);
+            assert_eq!(verbs.window_for(Op::Echo, 1 << 20), 8);
         }
-        assert_eq!(verbs.window_for(64 << 10), 16, "the call limit still holds");
+        assert_eq!(
+            verbs.window_for(Op::Send, 64 << 10),
+            16,
+            "the call limit still holds"
+        );
     }
 
     /// `bench scenario` takes the verbs polling budget and shared receive queue depth, as

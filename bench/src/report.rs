@@ -1041,6 +1041,7 @@ pub(crate) mod tests {
             window: 16,
             window_bytes: 2 << 20,
             verbs_window_bytes: 8 << 20,
+            echo_both_ways: true,
             client_core: Some(0),
             rpc_io: Default::default(),
             heap_payload: false,

@@ -40,6 +40,12 @@ pub struct Settings {
     /// The same on verbs ([`Settings::for_verbs`]).
     #[serde(default = "default_verbs_window_bytes")]
     pub verbs_window_bytes: usize,
+    /// Whether an echo call counts its payload twice against `window_bytes` (its request and
+    /// its reply are both in flight): on uds and tcp, where the window keeps the calls' bytes
+    /// within the CPU cache. Not on verbs ([`Settings::for_verbs`]), whose window keeps each
+    /// direction's rendezvous busy. Reports written before this field counted echo once.
+    #[serde(default)]
+    pub echo_both_ways: bool,
     /// CPU the client threads are pinned to.
     pub client_core: Option<usize>,
     /// How the RPC rows are measured (`--rpc-io`).
@@ -81,6 +87,7 @@ impl Settings {
     pub fn for_verbs(&self) -> Settings {
         Settings {
             window_bytes: self.verbs_window_bytes,
+            echo_both_ways: false,
             ..self.clone()
         }
     }
@@ -90,9 +97,16 @@ impl Settings {
         (self.bytes_per_run / size.max(1) as u64).clamp(self.min_calls, self.max_calls)
     }
 
-    /// RPC calls in flight per client thread for payloads of `size` bytes.
-    pub fn window_for(&self, size: usize) -> usize {
-        (self.window_bytes / size.max(1)).clamp(1, self.window.max(1))
+    /// RPC calls of `op` in flight per client thread for payloads of `size` bytes: as many
+    /// as `window_bytes` holds (an echo's payload counted both ways where
+    /// [`Settings::echo_both_ways`]), at least one, at most `window`.
+    pub fn window_for(&self, op: Op, size: usize) -> usize {
+        let ways = if op == Op::Echo && self.echo_both_ways {
+            2
+        } else {
+            1
+        };
+        (self.window_bytes / size.max(1).saturating_mul(ways)).clamp(1, self.window.max(1))
     }
 
     /// Whether the raw backend connection is measured (not with `--only rpc`).
@@ -478,7 +492,7 @@ pub fn run<T: Transport + Clone>(
         size,
         count,
         threads,
-        window: s.window_for(size),
+        window: s.window_for(op, size),
         client_core: s.client_core,
         heap_payload: s.heap_payload,
     };
@@ -611,7 +625,7 @@ pub fn run<T: Transport + Clone>(
                     raw_op,
                     size,
                     threads,
-                    window: s.window_for(size),
+                    window: s.window_for(op, size),
                     utilization: raw_runs.map(|raw| paired_ratio(rpc_runs, raw)),
                     raw: raw_runs.map(|raw| figures(raw)),
                     rpc: figures(rpc_runs),
