@@ -546,9 +546,16 @@ impl Report {
             self.settings.repeat,
             match self.settings.rpc_io {
                 crate::measure::RpcIo::Async => format!(
-                    "RPC window: up to {} calls and {} in flight per client thread{}",
+                    "RPC window: up to {} calls and {} in flight per client thread{}{}",
                     self.settings.window,
                     size_label(self.settings.window_bytes),
+                    if self.settings.echo_both_ways
+                        && self.settings.ops.contains(&crate::measure::Op::Echo)
+                    {
+                        " (an echo's payload counted out and back)"
+                    } else {
+                        ""
+                    },
                     if self.settings.verbs_window_bytes != self.settings.window_bytes
                         && self
                             .transports
@@ -1418,6 +1425,16 @@ pub(crate) mod tests {
             ..even()
         };
         assert!(verdict(&sync, 0.5, Some(1.1), true).contains("too few calls in flight"));
+    }
+
+    #[test]
+    fn the_header_says_an_echo_counts_both_ways_where_it_does() {
+        let mut r = report(vec![transport("uds", true)]);
+        assert!(r.render().contains(
+            "2 MiB in flight per client thread (an echo's payload counted out and back)"
+        ));
+        r.settings.echo_both_ways = false;
+        assert!(!r.render().contains("counted out and back"));
     }
 
     #[test]
