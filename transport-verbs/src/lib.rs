@@ -126,7 +126,7 @@
 //!   everything credits allow with one doorbell. Sends are signaled selectively: the last of each batch and at
 //!   least one per quarter of the send queue; a completion releases every buffer up to it.
 //! - **Adaptive polling.** After any activity (a completion, a message to send, an rdma_cm
-//!   event) the connection keeps polling the CQ for `poll_spin` (default 1 ms) before it arms
+//!   event) the connection keeps polling the CQ for `poll_spin` (default 10 ms) before it arms
 //!   the completion channel and sleeps: a reply that comes within the budget costs no
 //!   completion event and no wake-up through the kernel. It yields to the runtime between
 //!   polls (a receiver waiting for a message polls up to 64 times between two yields, from
@@ -218,6 +218,21 @@
 //! direction for echo), hence `recv_depth = 64` and `eager_limit = 64 KiB`. Busy-polling lost
 //! to the event mode there (2 vCPUs shared with rxe's kernel work); on real NICs with spare cores
 //! it is the low-latency choice.
+//!
+//! `poll_spin = 10 ms` (since 2026-12-04; 1 ms before): with many connections on one runtime
+//! each connection's own traffic comes less often than every millisecond, so a 1 ms budget ran
+//! out between its messages and every message paid a completion event, although the device
+//! never rested. One guest boot, two rounds of `bench scenario clients --transports verbs
+//! --clients 1,10,100,300,1000 --pin none --seconds 3 --verbs-poll-us N` (calls/s, 1 ms → 3 ms
+//! → 10 ms): 1 client 14 337/15 397 → 15 740/15 492 → 16 741/15 832; 10 clients 11 717/12 151
+//! → 14 732/13 488 → 15 530/15 684; 100 clients 6 158/6 264 → 10 260/10 969 → 15 526/15 822
+//! (p99 209/170 ms → 14/12 ms); 300 clients 5 914/6 154 → 11 217/10 799 → 12 567/13 469; 1000
+//! clients 5 588/5 933 → 9 677/7 306 → 8 637/8 147 (30 ms, one round: 10 945, p99 2.3 s). In
+//! the same boot `bench local --transports verbs --pin none --ops ping,send,oneway,echo --sizes
+//! 64K,1M --pings 6000 --repeat 2 --bytes 30M`, two rounds alternated: ping p50 unchanged (RPC
+//! 55.3/57.5 → 55.2/55.2 µs), RPC oneway 64 KiB 381/405 → 433/426 Mbit/s, the other cells
+//! within ±3%. The price: a connection whose traffic comes every few milliseconds now polls
+//! all the time. What follows is the measurement that chose 1 ms at first, for one connection.
 //!
 //! `poll_spin = 1 ms`, from one guest boot (`bench --transports verbs --ops ping --pings 6000
 //! --pin none --verbs-poll-us N`, ib_send_lat typical 29-35 µs in the same boot): raw ping p50

@@ -401,7 +401,7 @@ fn idle_connections_stop_spinning_after_the_budget() {
             // One exchange each, so every driver has had activity (and a spin budget).
             kept.push(common::open_pair(&verbs, &mut listener, addr).await);
         }
-        // Every budget (1 ms by default) has run out well before the window starts.
+        // Every budget (10 ms by default) has run out well before the window starts.
         tokio::time::sleep(VerbsConfig::default().poll_spin * 50).await;
         let window = Duration::from_secs(10);
         let (cpu0, threads0) = (cpu_time(), thread_activity());
