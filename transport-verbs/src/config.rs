@@ -83,7 +83,7 @@ pub struct VerbsConfig {
     /// the connection's driver. Traffic that keeps coming within the budget never
     /// pays for a completion event and a wake-up; an idle connection spins for at most this
     /// long after its last activity, then sleeps. `Duration::ZERO` sleeps at once (pure event
-    /// mode). Default 10 ms ([`DEFAULT_POLL_SPIN`]): traffic that comes at least every 10 ms
+    /// mode). Default 10 ms: traffic that comes at least every 10 ms
     /// keeps its connection polling (calls with a 5 ms handler kept the soft-RoCE guest's two
     /// vCPUs 96% busy against 41% at 1 ms), in exchange for no completion event per message
     /// (100 clients on one runtime: 2.5x the calls/s of 1 ms); lower it where CPU matters more
