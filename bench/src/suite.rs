@@ -101,11 +101,7 @@ impl Settings {
     /// as `window_bytes` holds (an echo's payload counted both ways where
     /// [`Settings::echo_both_ways`]), at least one, at most `window`.
     pub fn window_for(&self, op: Op, size: usize) -> usize {
-        let ways = if op == Op::Echo && self.echo_both_ways {
-            2
-        } else {
-            1
-        };
+        let ways = 1 + usize::from(op == Op::Echo && self.echo_both_ways);
         (self.window_bytes / size.max(1).saturating_mul(ways)).clamp(1, self.window.max(1))
     }
 
