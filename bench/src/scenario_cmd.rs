@@ -630,6 +630,8 @@ pub fn render(r: &ScenarioReport) -> String {
                         "calls/s",
                         "mean ms",
                         "p99 ms",
+                        "calls per client min-max",
+                        "fairness",
                     ],
                     1,
                     rows.iter()
@@ -641,6 +643,11 @@ pub fn render(r: &ScenarioReport) -> String {
                                 format!("{:.0}", x.stats.calls_per_s),
                                 format!("{:.3}", x.stats.mean_us / 1e3),
                                 format!("{:.3}", x.stats.p99_us / 1e3),
+                                format!(
+                                    "{}-{}",
+                                    x.stats.caller_calls_min, x.stats.caller_calls_max
+                                ),
+                                format!("{:.2}", x.stats.fairness),
                             ]
                         })
                         .collect(),
@@ -1024,6 +1031,9 @@ mod tests {
                 mean_us: 10.0,
                 p50_us: 9.0,
                 p99_us: 20.0,
+                caller_calls_min: (y as u64 / clients as u64).saturating_sub(1),
+                caller_calls_max: y as u64 / clients as u64 + 1,
+                fairness: 0.99,
             },
             rnr_naks: None,
         }
@@ -1059,9 +1069,9 @@ placement: same CPU 0
 verbs: not available: no RDMA device found
 
 trivial handler: concurrent clients, one connection each, 0.5 s per row (ping)
-transport  clients  completed  calls/s  mean ms  p99 ms
-uds             10       1000     2000    0.010   0.020
-uds            100     100000   200000    0.010   0.020
+transport  clients  completed  calls/s  mean ms  p99 ms  calls per client min-max  fairness
+uds             10       1000     2000    0.010   0.020                    99-101      0.99
+uds            100     100000   200000    0.010   0.020                  999-1001      0.99
 
 what a framework costs: gRPC (tonic over transport-stream) vs native RPC, one call in flight
 transport  64 B calls/s gRPC  native  1 MiB echo MB/s gRPC  native  gRPC/native small  large

@@ -116,6 +116,14 @@ async fn byte_sends_and_pings_count_their_bytes<T: Transport>(b: Bed<T>) {
     let ping = run(&b, &cfg, Ping).await;
     assert!(ping.completed > 0);
     assert_eq!(ping.mbit_s, 0.0);
+    // Two callers: the fewest and the most calls per caller are theirs, and add up.
+    assert!(ping.caller_calls_min >= 1, "{ping:?}");
+    assert_eq!(
+        ping.caller_calls_min + ping.caller_calls_max,
+        ping.completed,
+        "{ping:?}"
+    );
+    assert!(ping.fairness > 0.5 && ping.fairness <= 1.0, "{ping:?}");
     let send = run(&b, &cfg, SendBytes(Bytes::from(vec![7u8; 65536]))).await;
     assert!(send.completed > 0);
     let expected = send.completed as f64 * 65536.0 * 8.0 / send.seconds / 1e6;

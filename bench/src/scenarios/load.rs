@@ -367,6 +367,29 @@ pub struct Stats {
     pub p50_us: f64,
     /// 99th percentile response time, µs.
     pub p99_us: f64,
+    /// Fewest calls one caller completed: a caller starved by the others shows here (every
+    /// caller completes at least one).
+    pub caller_calls_min: u64,
+    /// Most calls one caller completed.
+    pub caller_calls_max: u64,
+    /// Jain's fairness index of the callers' completed calls, (Σx)² / (n·Σx²): 1.0 when every
+    /// caller completed as many calls as the others, 1/n when one caller did them all.
+    pub fairness: f64,
+}
+
+/// Fewest and most calls per caller and Jain's fairness index of `counts` (each caller's
+/// completed calls); (0, 0, 1.0) for no callers or no calls.
+pub fn caller_spread(counts: &[u64]) -> (u64, u64, f64) {
+    let min = counts.iter().copied().min().unwrap_or(0);
+    let max = counts.iter().copied().max().unwrap_or(0);
+    let sum: f64 = counts.iter().map(|&c| c as f64).sum();
+    let squares: f64 = counts.iter().map(|&c| (c as f64) * (c as f64)).sum();
+    let fairness = if squares == 0.0 {
+        1.0
+    } else {
+        sum * sum / (counts.len() as f64 * squares)
+    };
+    (min, max, fairness)
 }
 
 /// Why a load run failed.
@@ -420,11 +443,13 @@ where
     }
     let mut latencies: Vec<u32> = Vec::new();
     let mut completed = 0u64;
+    let mut per_caller = Vec::with_capacity(config.clients);
     let mut first_error = None;
     while let Some(joined) = tasks.join_next().await {
         match joined.expect("caller task panicked") {
             Ok((n, lat)) => {
                 completed += n;
+                per_caller.push(n);
                 latencies.extend(lat);
             }
             Err(e) => {
@@ -459,6 +484,7 @@ where
     } else {
         latencies.iter().map(|&l| l as f64).sum::<f64>() / latencies.len() as f64
     };
+    let (caller_calls_min, caller_calls_max, fairness) = caller_spread(&per_caller);
     Ok(Stats {
         completed,
         seconds,
@@ -467,6 +493,9 @@ where
         mean_us,
         p50_us: pct(0.5),
         p99_us: pct(0.99),
+        caller_calls_min,
+        caller_calls_max,
+        fairness,
     })
 }
 
@@ -499,4 +528,30 @@ where
         }
     }
     Ok((n, lat))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::caller_spread;
+
+    /// Equal callers are perfectly fair; one caller doing everything scores 1/n; the spread
+    /// names the fewest and most calls.
+    #[test]
+    fn caller_spread_names_the_extremes_and_jains_index() {
+        assert_eq!(caller_spread(&[5, 5, 5, 5]), (5, 5, 1.0));
+        let (min, max, f) = caller_spread(&[0, 0, 0, 12]);
+        assert_eq!((min, max), (0, 12));
+        assert!((f - 0.25).abs() < 1e-12, "{f}");
+        // (9 + 234)² / (2 · (9² + 234²)) = 59 049 / 109 674
+        let (min, max, f) = caller_spread(&[234, 9]);
+        assert_eq!((min, max), (9, 234));
+        assert!((f - 59_049.0 / 109_674.0).abs() < 1e-12, "{f}");
+    }
+
+    /// No callers, or callers with no calls, are reported as even rather than dividing by zero.
+    #[test]
+    fn caller_spread_of_nothing_is_even() {
+        assert_eq!(caller_spread(&[]), (0, 0, 1.0));
+        assert_eq!(caller_spread(&[0, 0]), (0, 0, 1.0));
+    }
 }
