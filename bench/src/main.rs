@@ -1186,6 +1186,8 @@ mod tests {
             "250",
             "--verbs-srq-depth",
             "0",
+            "--verbs-poll-together",
+            "64",
         ])
         .unwrap();
         let Some(Command::Scenario(a)) = cli.command else {
@@ -1193,6 +1195,7 @@ mod tests {
         };
         assert_eq!(a.verbs_poll_us, Some(250));
         assert_eq!(a.verbs_srq_depth, Some(0));
+        assert_eq!(a.verbs_poll_together, Some(64));
         // (Not applied here: the settings are process-wide and other tests set them too.)
         let Some(Command::Scenario(a)) = Cli::try_parse_from(["bench", "scenario", "clients"])
             .unwrap()
@@ -1201,8 +1204,8 @@ mod tests {
             panic!("not the scenario command");
         };
         assert_eq!(
-            (a.verbs_poll_us, a.verbs_srq_depth),
-            (None, None),
+            (a.verbs_poll_us, a.verbs_srq_depth, a.verbs_poll_together),
+            (None, None, None),
             "the library's"
         );
     }

@@ -142,6 +142,10 @@ pub struct ScenarioArgs {
     /// library's).
     #[arg(long)]
     pub verbs_srq_depth: Option<usize>,
+    /// Verbs receivers spinning at once on one thread from which the thread polls them
+    /// together (`VerbsConfig::poll_together_from`; default: the library's).
+    #[arg(long)]
+    pub verbs_poll_together: Option<usize>,
     /// Print the report as JSON on stdout instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -221,6 +225,7 @@ pub struct ScenarioReport {
 pub fn run(args: &ScenarioArgs) -> Result<(), String> {
     let started = Instant::now();
     crate::sys::set_verbs(args.verbs_poll_us, args.verbs_srq_depth);
+    crate::sys::set_verbs_poll_together(args.verbs_poll_together);
     let place = placement(args.pin, "local");
     let scenarios = args.name.expand();
     let mut wanted = args.transports.clone();

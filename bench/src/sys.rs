@@ -17,6 +17,15 @@ static VERBS_POLL_US: AtomicU64 = AtomicU64::new(u64::MAX);
 /// library's default).
 static VERBS_SRQ_DEPTH: AtomicU64 = AtomicU64::new(u64::MAX);
 
+/// `VerbsConfig::poll_together_from` for every verbs transport the bench makes (u64::MAX:
+/// the library's default).
+static VERBS_POLL_TOGETHER: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Sets `--verbs-poll-together` (`None`: the library's default).
+pub fn set_verbs_poll_together(from: Option<usize>) {
+    VERBS_POLL_TOGETHER.store(from.map_or(u64::MAX, |n| n as u64), Ordering::Relaxed);
+}
+
 /// Sets `--verbs-poll-us` and `--verbs-srq-depth` for every verbs transport the bench makes.
 pub fn set_verbs(poll_us: Option<u64>, srq_depth: Option<usize>) {
     set_verbs_poll(poll_us);
@@ -34,8 +43,8 @@ pub fn set_verbs_srq_depth(depth: Option<usize>) {
     VERBS_SRQ_DEPTH.store(d, Ordering::Relaxed);
 }
 
-/// The verbs settings the bench uses: the defaults, with `--verbs-poll-us` and
-/// `--verbs-srq-depth` if given.
+/// The verbs settings the bench uses: the defaults, with `--verbs-poll-us`,
+/// `--verbs-srq-depth` and `--verbs-poll-together` if given.
 pub fn verbs_config() -> transport_verbs::VerbsConfig {
     let mut c = transport_verbs::VerbsConfig::default();
     match VERBS_POLL_US.load(Ordering::Relaxed) {
@@ -45,6 +54,10 @@ pub fn verbs_config() -> transport_verbs::VerbsConfig {
     match VERBS_SRQ_DEPTH.load(Ordering::Relaxed) {
         u64::MAX => {}
         d => c.srq_depth = d as usize,
+    }
+    match VERBS_POLL_TOGETHER.load(Ordering::Relaxed) {
+        u64::MAX => {}
+        n => c.poll_together_from = usize::try_from(n).unwrap_or(usize::MAX),
     }
     c
 }

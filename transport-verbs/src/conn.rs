@@ -38,6 +38,10 @@ use crate::ffi::{Completion, Endpoint, HeldBytes, ReadSpec, SqLocal, WcFailure};
 use crate::pool::{Pool, PoolBuf};
 use crate::proto::TH_LEN;
 
+mod poller;
+#[cfg(feature = "test-hooks")]
+pub use poller::polled_together;
+
 /// Messages queued in the engine before the driver stops taking more from the sender.
 const OUTQ_MAX: usize = 64;
 
@@ -258,6 +262,7 @@ pub(crate) fn start(
         metrics: res.metrics.clone(),
         shared: shared.clone(),
         core: core.clone(),
+        slot: poller::PollSlot::new(&core, &shared),
     };
     // While the driver sleeps on the completion channel, the device's pump thread moves the
     // connection on at its CQ's events itself (`Core::on_cq_event`); when the device's shared
@@ -1344,6 +1349,8 @@ pub struct VerbsReceiver {
     metrics: Arc<Metrics>,
     shared: Arc<Shared>,
     core: Arc<Mutex<Core>>,
+    /// Its place in its thread's poller (`VerbsConfig::poll_together_from`).
+    slot: Arc<poller::PollSlot>,
 }
 
 impl std::fmt::Debug for VerbsReceiver {
@@ -1368,6 +1375,8 @@ impl VerbsReceiver {
     /// through the driver), else awaited from the driver.
     async fn next(&mut self) -> Option<ToApp> {
         let mut looked = false;
+        // Counts this receiver among its thread's own-task spinners while it spins here.
+        let mut own_spin: Option<poller::OwnSpin> = None;
         loop {
             match self.rx.try_recv() {
                 Ok(d) => return Some(d),
@@ -1391,10 +1400,21 @@ impl VerbsReceiver {
                     // The driver takes the CQ back now, not when the lease would end.
                     self.shared.kick.notify_one();
                 }
-                spin
+                spin.then_some(core.cfg.poll_together_from)
             };
-            if !spin {
+            let Some(together_from) = spin else {
                 return self.rx.recv().await;
+            };
+            if own_spin.is_none() {
+                match poller::place(&self.slot, together_from) {
+                    poller::Place::Own(counted) => own_spin = Some(counted),
+                    poller::Place::Together(waiting) => {
+                        // The poller polls the CQ and hands the message over the channel.
+                        let d = self.rx.recv().await;
+                        drop(waiting);
+                        return d;
+                    }
+                }
             }
             // From the second turn of this wait on: a few more polls before going through the
             // runtime. The first turn returns at once, so a caller that only looks whether a

@@ -314,6 +314,8 @@ use std::sync::Arc;
 use transport_core::{Capabilities, Listener, Transport, TransportError};
 
 pub use config::VerbsConfig;
+#[cfg(feature = "test-hooks")]
+pub use conn::polled_together;
 pub use conn::{VerbsConnection, VerbsReceiver, VerbsSender};
 pub use device::{
     list_devices, open_device, open_first_device, Device, DeviceInfo, GidInfo, GidType, LinkLayer,

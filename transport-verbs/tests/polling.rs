@@ -572,3 +572,80 @@ fn connections_keep_their_events_after_the_runtime_that_made_the_device_ready_en
         calls_on_all(&mut conns, 20).await;
     });
 }
+
+/// `CONNS` connections on one current-thread runtime make `ROUNDS` echo round trips each at
+/// once (each payload names its connection and round, and comes back unchanged), with
+/// `poll_together_from` = `from`. Returns how often a thread's poller took completions.
+fn echo_on_one_thread(addr: std::net::SocketAddr, from: usize) -> u64 {
+    const CONNS: usize = 6;
+    const ROUNDS: u32 = 40;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        tokio::time::timeout(Duration::from_secs(120), async move {
+            let mut config = VerbsConfig::default();
+            config.poll_spin = Duration::from_secs(30);
+            config.poll_together_from = from;
+            let verbs = VerbsTransport::new(config).expect("transport");
+            let mut listener = verbs.listen(&addr).await.expect("listen");
+            let addr = listener.local_addr().expect("addr");
+            let before = transport_verbs::polled_together();
+            let mut tasks = tokio::task::JoinSet::new();
+            for c in 0..CONNS {
+                let conn = verbs.connect(&addr).await.expect("connect");
+                let server = listener.accept().await.expect("accept");
+                let (mut stx, mut srx) = server.split();
+                tokio::spawn(async move {
+                    while let Ok(Some(m)) = srx.recv().await {
+                        if stx.send(m).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                tasks.spawn(async move {
+                    let (mut tx, mut rx) = conn.split();
+                    for round in 0..ROUNDS {
+                        let tag = format!("connection {c} round {round}");
+                        let body = Bytes::from(tag.clone().into_bytes());
+                        tx.send(Message::new(HeaderBytes::EMPTY, body))
+                            .await
+                            .expect("send");
+                        let m = rx.recv().await.expect("recv").expect("open");
+                        assert_eq!(&m.payload[..], tag.as_bytes(), "reply on connection {c}");
+                    }
+                    tx.close().await.expect("close");
+                    ROUNDS
+                });
+            }
+            let mut done = 0;
+            while let Some(r) = tasks.join_next().await {
+                assert_eq!(r.expect("client task"), ROUNDS);
+                done += 1;
+            }
+            assert_eq!(done, CONNS);
+            transport_verbs::polled_together() - before
+        })
+        .await
+        .expect("test hung")
+    })
+}
+
+/// Many receivers waiting on one thread are polled together by the thread's poller, and each
+/// still gets exactly its own replies; below the threshold (here: never) no poller runs.
+#[test]
+fn receivers_waiting_on_one_thread_are_polled_together() {
+    let _alone = one_at_a_time();
+    let Some(addr) = common::listen_addr_or_skip("polling") else {
+        return;
+    };
+    let together = echo_on_one_thread(addr, 2);
+    let apart = echo_on_one_thread(addr, usize::MAX);
+    eprintln!("poller deliveries: {together} with poll_together_from 2, {apart} with usize::MAX");
+    assert!(together > 0, "no receiver was polled together");
+    assert_eq!(
+        apart, 0,
+        "a poller ran although the threshold was never reached"
+    );
+}
