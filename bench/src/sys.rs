@@ -23,7 +23,22 @@ static VERBS_POLL_TOGETHER: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// Sets `--verbs-poll-together` (`None`: the library's default).
 pub fn set_verbs_poll_together(from: Option<usize>) {
-    VERBS_POLL_TOGETHER.store(from.map_or(u64::MAX, |n| n as u64), Ordering::Relaxed);
+    VERBS_POLL_TOGETHER.store(together_to_u64(from), Ordering::Relaxed);
+}
+
+/// `--verbs-poll-together` as stored: u64::MAX is "not given", so the largest values (never
+/// together) are kept just below it.
+fn together_to_u64(from: Option<usize>) -> u64 {
+    from.map_or(u64::MAX, |n| (n as u64).min(u64::MAX - 1))
+}
+
+/// [`together_to_u64`] back: `None` for the library's default.
+fn together_from_u64(v: u64) -> Option<usize> {
+    match v {
+        u64::MAX => None,
+        n if n == u64::MAX - 1 => Some(usize::MAX),
+        n => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+    }
 }
 
 /// Sets `--verbs-poll-us` and `--verbs-srq-depth` for every verbs transport the bench makes.
@@ -55,9 +70,8 @@ pub fn verbs_config() -> transport_verbs::VerbsConfig {
         u64::MAX => {}
         d => c.srq_depth = d as usize,
     }
-    match VERBS_POLL_TOGETHER.load(Ordering::Relaxed) {
-        u64::MAX => {}
-        n => c.poll_together_from = usize::try_from(n).unwrap_or(usize::MAX),
+    if let Some(n) = together_from_u64(VERBS_POLL_TOGETHER.load(Ordering::Relaxed)) {
+        c.poll_together_from = n;
     }
     c
 }
@@ -87,8 +101,12 @@ pub fn verbs_polling(c: &transport_verbs::VerbsConfig) -> String {
     } else if c.poll_spin.is_zero() {
         "events (every wait arms the completion channel and sleeps)".to_string()
     } else {
+        let together = match c.poll_together_from {
+            usize::MAX => "never polled together".to_string(),
+            n => format!("polled together by one task per thread from {n} waiting receivers"),
+        };
         format!(
-            "adaptive (CQ polled for {} µs after activity, then completion events)",
+            "adaptive (CQ polled for {} µs after activity, then completion events; {together})",
             c.poll_spin.as_micros()
         )
     }
@@ -260,5 +278,20 @@ mod rnr_tests {
         port("mlx5_0", "2", "rnr_nak_retry_err", "not a number\n");
         assert_eq!(rnr_naks_in(root.path()), Some(410_210));
         assert_eq!(rnr_naks_in(&root.path().join("missing")), None);
+    }
+}
+
+#[cfg(test)]
+mod together_tests {
+    use super::{together_from_u64, together_to_u64};
+
+    /// Not given stays the library's default; every value, the largest ("never") included,
+    /// comes back as given.
+    #[test]
+    fn poll_together_setting_round_trips() {
+        assert_eq!(together_from_u64(together_to_u64(None)), None);
+        for n in [0, 1, 128, 1_000_000, usize::MAX] {
+            assert_eq!(together_from_u64(together_to_u64(Some(n))), Some(n), "{n}");
+        }
     }
 }

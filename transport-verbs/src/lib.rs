@@ -134,6 +134,16 @@
 //!   running. An idle connection
 //!   spins for at most `poll_spin` after its last activity, then sleeps. `busy_poll` spins
 //!   always.
+//! - **Polling together.** Once `poll_together_from` (default 128) receivers spin on one
+//!   thread, the next ones wait through that thread's poller (`conn/poller.rs`): one task that
+//!   polls each of their CQs per turn and hands the messages over with local wake-ups, until
+//!   none waits. Hundreds of receivers spinning each on its own task filled the runtime's
+//!   local queue, and the tasks the pump thread woke waited behind them (tokio serves its
+//!   injection queue once every 31 local polls): at 300 clients on one runtime some callers
+//!   made 5 calls in 3 s and others 400. Polled together, every waiting connection is looked
+//!   at once per turn (300 clients: Jain's fairness index 0.45 → 0.91-0.95, p99 -38%; 1000:
+//!   0.10-0.33 → 0.84, p99 -35-45%; 10 and 100 clients and the ping-pong unchanged;
+//!   docs/scenarios.md).
 //! - **No task hop on the way.** The queue pair and the engine sit behind one lock that the
 //!   driver task and both halves take (`conn.rs`). `send` hands its message to the engine and
 //!   posts it on the caller's task; `recv`, while the spin budget runs, polls the CQ itself and
