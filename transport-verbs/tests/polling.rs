@@ -573,16 +573,24 @@ fn connections_keep_their_events_after_the_runtime_that_made_the_device_ready_en
     });
 }
 
-/// `CONNS` connections on one current-thread runtime make `ROUNDS` echo round trips each at
-/// once (each payload names its connection and round, and comes back unchanged), with
-/// `poll_together_from` = `from`. Returns how often a thread's poller took completions.
-fn echo_on_one_thread(addr: std::net::SocketAddr, from: usize) -> u64 {
+/// `CONNS` connections on one runtime (current-thread, or `workers` worker threads) make
+/// `ROUNDS` echo round trips each at once (each payload names its connection and round, and
+/// comes back unchanged), with `poll_together_from` = `from`. Returns how often a thread's
+/// poller took completions.
+fn echo_on_one_runtime(addr: std::net::SocketAddr, from: usize, workers: usize) -> u64 {
     const CONNS: usize = 6;
     const ROUNDS: u32 = 40;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = if workers == 0 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+    }
+    .expect("runtime");
     rt.block_on(async move {
         tokio::time::timeout(Duration::from_secs(120), async move {
             let mut config = VerbsConfig::default();
@@ -640,12 +648,25 @@ fn receivers_waiting_on_one_thread_are_polled_together() {
     let Some(addr) = common::listen_addr_or_skip("polling") else {
         return;
     };
-    let together = echo_on_one_thread(addr, 2);
-    let apart = echo_on_one_thread(addr, usize::MAX);
+    let together = echo_on_one_runtime(addr, 2, 0);
+    let apart = echo_on_one_runtime(addr, usize::MAX, 0);
     eprintln!("poller deliveries: {together} with poll_together_from 2, {apart} with usize::MAX");
     assert!(together > 0, "no receiver was polled together");
     assert_eq!(
         apart, 0,
         "a poller ran although the threshold was never reached"
     );
+}
+
+/// On a multi-thread runtime, where tasks move between workers and each worker thread has its
+/// own poller, every connection still gets exactly its own replies when all wait together.
+#[test]
+fn receivers_polled_together_on_a_multi_thread_runtime_each_get_their_replies() {
+    let _alone = one_at_a_time();
+    let Some(addr) = common::listen_addr_or_skip("polling") else {
+        return;
+    };
+    let together = echo_on_one_runtime(addr, 0, 2);
+    eprintln!("poller deliveries on two workers with poll_together_from 0: {together}");
+    assert!(together > 0, "no receiver was polled together");
 }
