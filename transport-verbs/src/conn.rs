@@ -262,7 +262,7 @@ pub(crate) fn start(
         metrics: res.metrics.clone(),
         shared: shared.clone(),
         core: core.clone(),
-        slot: poller::PollSlot::new(&core, &shared),
+        slot: poller::PollSlot::new(&core),
     };
     // While the driver sleeps on the completion channel, the device's pump thread moves the
     // connection on at its CQ's events itself (`Core::on_cq_event`); when the device's shared
@@ -420,6 +420,20 @@ impl Core {
     /// Whether the spin budget after the last activity still runs (clears it once spent).
     fn spinning(&mut self) -> bool {
         self.spinning_at(Instant::now())
+    }
+
+    /// For the receiving half waiting for a message (on its own task or through its thread's
+    /// poller): while the connection should spin, renews the half's lease on the CQ and returns
+    /// true; else gives the CQ back to the driver at once (not when the lease would end) and
+    /// returns false.
+    fn renew_lease(&mut self, now: Instant) -> bool {
+        let spin = self.usable() && (self.cfg.busy_poll || self.spinning_at(now));
+        if spin {
+            self.app_lease = Some(now + self.cfg.poll_spin.max(MIN_LEASE));
+        } else if self.app_lease.take().is_some() && self.deferring {
+            self.shared.kick.notify_one();
+        }
+        spin
     }
 
     /// [`Core::spinning`] with the clock already read.
@@ -1392,14 +1406,7 @@ impl VerbsReceiver {
                 if Self::took_any(&mut core) {
                     continue;
                 }
-                let now = Instant::now();
-                let spin = core.usable() && (core.cfg.busy_poll || core.spinning_at(now));
-                if spin {
-                    core.app_lease = Some(now + core.cfg.poll_spin.max(MIN_LEASE));
-                } else if core.app_lease.take().is_some() && core.deferring {
-                    // The driver takes the CQ back now, not when the lease would end.
-                    self.shared.kick.notify_one();
-                }
+                let spin = core.renew_lease(Instant::now());
                 spin.then_some(core.cfg.poll_together_from)
             };
             let Some(together_from) = spin else {

@@ -26,6 +26,18 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Sends every message `server` receives back to its peer until the stream ends.
+fn echo_back(server: transport_verbs::VerbsConnection) -> tokio::task::JoinHandle<()> {
+    let (mut stx, mut srx) = server.split();
+    tokio::spawn(async move {
+        while let Ok(Some(m)) = srx.recv().await {
+            if stx.send(m).await.is_err() {
+                break;
+            }
+        }
+    })
+}
+
 /// What `ROUND_TRIPS` 8-byte ping-pongs on one connection cost its client with this spin
 /// budget.
 struct Costs {
@@ -45,14 +57,7 @@ async fn ping_pong_costs(addr: std::net::SocketAddr, spin: Duration) -> Costs {
     let server = listener.accept().await.expect("accept");
     let metrics = conn.metrics();
     let (mut tx, mut rx) = conn.split();
-    let (mut stx, mut srx) = server.split();
-    let echo = tokio::spawn(async move {
-        while let Ok(Some(m)) = srx.recv().await {
-            if stx.send(m).await.is_err() {
-                break;
-            }
-        }
-    });
+    let echo = echo_back(server);
     let ping = || Message::new(HeaderBytes::from([7u8]), Bytes::from_static(b"8 bytes!"));
     // The handshake and first exchange are not counted.
     tx.send(ping()).await.expect("send");
@@ -604,14 +609,7 @@ fn echo_on_one_runtime(addr: std::net::SocketAddr, from: usize, workers: usize) 
             for c in 0..CONNS {
                 let conn = verbs.connect(&addr).await.expect("connect");
                 let server = listener.accept().await.expect("accept");
-                let (mut stx, mut srx) = server.split();
-                tokio::spawn(async move {
-                    while let Ok(Some(m)) = srx.recv().await {
-                        if stx.send(m).await.is_err() {
-                            break;
-                        }
-                    }
-                });
+                echo_back(server);
                 tasks.spawn(async move {
                     let (mut tx, mut rx) = conn.split();
                     for round in 0..ROUNDS {

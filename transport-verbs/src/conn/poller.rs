@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
-use super::{Core, Shared, VerbsReceiver, MIN_LEASE};
+use super::{Core, VerbsReceiver};
 
 /// Deliveries the pollers made (turns in which a poller took completions from a CQ), for tests.
 #[cfg(feature = "test-hooks")]
@@ -34,7 +34,6 @@ pub fn polled_together() -> u64 {
 /// A receiver's place in its thread's poller, made once per receiver.
 pub(super) struct PollSlot {
     core: Weak<Mutex<Core>>,
-    shared: Arc<Shared>,
     /// Set while the receiver waits through the poller; cleared by the receiver when it stops
     /// waiting, or by the poller when the connection's spin budget has run out (the driver
     /// then takes the CQ back and sleeps on its events).
@@ -44,10 +43,9 @@ pub(super) struct PollSlot {
 }
 
 impl PollSlot {
-    pub(super) fn new(core: &Arc<Mutex<Core>>, shared: &Arc<Shared>) -> Arc<PollSlot> {
+    pub(super) fn new(core: &Arc<Mutex<Core>>) -> Arc<PollSlot> {
         Arc::new(PollSlot {
             core: Arc::downgrade(core),
-            shared: shared.clone(),
             waiting: AtomicBool::new(false),
             listed: AtomicBool::new(false),
         })
@@ -104,23 +102,17 @@ impl Drop for Waiting {
 /// need be; without a tokio runtime to start it on, on its own task).
 pub(super) fn place(slot: &Arc<PollSlot>, from: usize) -> Place {
     let poller = POLLER.with(Arc::clone);
-    if poller.own.load(Ordering::Relaxed) < from {
-        let mut st = poller.state.lock().unwrap_or_else(|p| p.into_inner());
-        if st.slots.is_empty() {
-            drop(st);
-            poller.own.fetch_add(1, Ordering::Relaxed);
-            return Place::Own(OwnSpin(poller));
-        }
-        // Others wait together: so does this one (no receiver of the thread is favoured).
-        poller.list(&mut st, slot);
-        return Place::Together(Waiting(slot.clone()));
-    }
     let mut st = poller.state.lock().unwrap_or_else(|p| p.into_inner());
+    // A poller with receivers is running (it ends only once it has none): while it has
+    // them, every receiver of the thread joins it, so none is favoured.
+    if st.slots.is_empty() && poller.own.load(Ordering::Relaxed) < from {
+        drop(st);
+        return poller.own_spin();
+    }
     if !st.running {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             drop(st);
-            poller.own.fetch_add(1, Ordering::Relaxed);
-            return Place::Own(OwnSpin(poller));
+            return poller.own_spin();
         };
         st.running = true;
         rt.spawn(poller.clone().run());
@@ -144,6 +136,11 @@ impl Drop for Stopped {
 }
 
 impl Poller {
+    fn own_spin(self: Arc<Self>) -> Place {
+        self.own.fetch_add(1, Ordering::Relaxed);
+        Place::Own(OwnSpin(self))
+    }
+
     fn list(&self, st: &mut State, slot: &Arc<PollSlot>) {
         slot.waiting.store(true, Ordering::Release);
         if !slot.listed.swap(true, Ordering::Relaxed) {
@@ -184,14 +181,9 @@ impl Poller {
                     #[cfg(feature = "test-hooks")]
                     POLLED_TOGETHER.fetch_add(1, Ordering::Relaxed);
                 }
-                if core.usable() && (core.cfg.busy_poll || core.spinning_at(now)) {
-                    core.app_lease = Some(now + core.cfg.poll_spin.max(MIN_LEASE));
-                } else {
-                    // Spent: the driver takes the CQ back now and sleeps on its events.
+                if !core.renew_lease(now) {
+                    // Spent: the driver has the CQ back and sleeps on its events.
                     slot.waiting.store(false, Ordering::Release);
-                    if core.app_lease.take().is_some() && core.deferring {
-                        slot.shared.kick.notify_one();
-                    }
                 }
             }
             tokio::task::yield_now().await;
