@@ -76,7 +76,7 @@ mod sys;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use measure::{Layer, Op, Peer, RpcIo};
+use measure::{Layer, Op, Peer, RawRecv, RpcIo};
 use report::{Placement, Report, Unavailable};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -263,6 +263,12 @@ struct RunArgs {
     /// from the pool. No effect on uds and tcp, whose pool is the heap.
     #[arg(long)]
     heap_payload: bool,
+    /// What the raw row of `recv` measures: `source` (a message stream from a source, one
+    /// request for the whole run) or `exchange` (a small request per message on the raw
+    /// connection, as many in flight as the cell's RPC window: the same two messages an RPC
+    /// `recv` call makes, so RPC / raw is the RPC layer's own cost).
+    #[arg(long, value_enum, default_value_t = RawRecv::Source)]
+    raw_recv: RawRecv,
     /// Transports to measure (local mode).
     #[arg(long, value_delimiter = ',', value_enum, default_values_t = [TransportName::Uds, TransportName::Tcp, TransportName::Verbs])]
     transports: Vec<TransportName>,
@@ -401,6 +407,7 @@ impl RunArgs {
             client_core,
             rpc_io: self.rpc_io,
             heap_payload: self.heap_payload,
+            raw_recv: self.raw_recv,
         }
     }
 

@@ -68,6 +68,23 @@ pub enum RpcIo {
     Blocking,
 }
 
+/// What the raw row of `recv` measures (`--raw-recv`).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum RawRecv {
+    /// A message stream from a source: one request for the whole run, then the messages
+    /// (the most the connection can deliver).
+    #[default]
+    Source,
+    /// Request and reply on the raw connection, as an RPC `recv` call makes them: a small
+    /// request message per message asked for, with as many requests in flight as the cell's
+    /// RPC window. RPC / this is the cost of the RPC layer alone; RPC / source also counts
+    /// the request each call writes.
+    Exchange,
+}
+
 /// The bench server a measurement runs against.
 pub struct Peer<'a, T: Transport> {
     /// The transport to reach it with.
@@ -110,6 +127,8 @@ pub struct Job {
     pub client_core: Option<usize>,
     /// Payloads in heap memory instead of the transport's buffer pool.
     pub heap_payload: bool,
+    /// What the raw row of `recv` measures.
+    pub raw_recv: RawRecv,
 }
 
 /// What one measurement saw.
@@ -468,6 +487,9 @@ async fn raw_op<S: MessageSender, R: MessageReceiver>(
         Op::Recv => {
             let size = u32::try_from(job.size).map_err(|_| "raw source: size above 4 GiB")?;
             let mut bytes = 0;
+            if job.raw_recv == RawRecv::Exchange {
+                return raw_exchange(tx, rx, size, count, job.window).await;
+            }
             // One request per MAX_SOURCE_BYTES at most (the server's limit): one round trip
             // per 64 GiB at worst.
             for req in proto::SourceRequest::split(size, count) {
@@ -506,6 +528,42 @@ async fn raw_op<S: MessageSender, R: MessageReceiver>(
             Ok((r?, None))
         }
     }
+}
+
+/// `count` messages of `size` bytes from the bench source, each asked for by a request of its
+/// own (`SourceRequest` with a count of 1), up to `window` requests in flight: the raw
+/// counterpart of RPC `recv` calls (`--raw-recv exchange`). Returns the payload bytes moved.
+async fn raw_exchange<S: MessageSender, R: MessageReceiver>(
+    tx: &mut S,
+    rx: &mut R,
+    size: u32,
+    count: u64,
+    window: usize,
+) -> Result<(u64, Option<Histogram<u64>>), BoxError> {
+    let request = || {
+        Message::new(
+            HeaderBytes::new(proto::SOURCE_REQ).expect("short"),
+            proto::SourceRequest { size, count: 1 }.encode(),
+        )
+    };
+    let mut asked = (window.max(1) as u64).min(count);
+    for _ in 0..asked {
+        tx.send(request()).await?;
+    }
+    let mut bytes = 0;
+    for _ in 0..count {
+        let m = recv_one(rx).await?;
+        if m.header.as_slice() == proto::SOURCE_ERR {
+            let why = String::from_utf8_lossy(&m.payload);
+            return Err(format!("raw exchange: the server refused: {why}").into());
+        }
+        bytes += m.payload.len() as u64;
+        if asked < count {
+            tx.send(request()).await?;
+            asked += 1;
+        }
+    }
+    Ok((bytes, None))
 }
 
 /// A client thread of `--rpc-io blocking`: no runtime, one call at a time.

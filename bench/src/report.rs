@@ -680,7 +680,13 @@ impl Report {
             let with_raw = cells().any(|c| c.raw.is_some());
             let with_os = cells().any(|c| c.os.is_some());
             if with_raw {
-                out.push_str("Throughput in Mbit/s of payload: raw = message stream on the backend connection (send/oneway: into a sink, recv: from a source, echo: echoed stream); util = median over the runs of rpc / raw measured back to back\n");
+                let recv = match self.settings.raw_recv {
+                    crate::measure::RawRecv::Source => "recv: from a source",
+                    crate::measure::RawRecv::Exchange => {
+                        "recv: a request per message, the RPC window in flight (--raw-recv exchange)"
+                    }
+                };
+                let _ = writeln!(out, "Throughput in Mbit/s of payload: raw = message stream on the backend connection (send/oneway: into a sink, {recv}, echo: echoed stream); util = median over the runs of rpc / raw measured back to back");
             } else {
                 out.push_str("Throughput in Mbit/s of payload of RPC calls; raw, util and os: not measured (--only rpc)\n");
             }
@@ -1052,6 +1058,7 @@ pub(crate) mod tests {
             client_core: Some(0),
             rpc_io: Default::default(),
             heap_payload: false,
+            raw_recv: Default::default(),
         };
         Report {
             version: "test".into(),
