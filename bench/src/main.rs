@@ -76,7 +76,7 @@ mod sys;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use measure::{Layer, Op, Peer, RawRecv, RpcIo};
+use measure::{Layer, Op, Peer, RawTwoway, RpcIo};
 use report::{Placement, Report, Unavailable};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -263,12 +263,13 @@ struct RunArgs {
     /// from the pool. No effect on uds and tcp, whose pool is the heap.
     #[arg(long)]
     heap_payload: bool,
-    /// What the raw row of `recv` measures: `source` (a message stream from a source, one
-    /// request for the whole run) or `exchange` (a small request per message on the raw
-    /// connection, as many in flight as the cell's RPC window: the same two messages an RPC
-    /// `recv` call makes, so RPC / raw is the RPC layer's own cost).
-    #[arg(long, value_enum, default_value_t = RawRecv::Source)]
-    raw_recv: RawRecv,
+    /// What the raw rows of the twoway ops measure: `stream` (message streams: send into a
+    /// sink, recv from a source, echo echoed back) or `exchange` (the two messages an RPC call
+    /// makes, on the raw connection, as many in flight as the cell's RPC window: send answered
+    /// by an empty message, recv asked for by a small request, echo one back per message sent;
+    /// RPC / raw is then the RPC layer's own cost).
+    #[arg(long, value_enum, default_value_t = RawTwoway::Stream)]
+    raw_twoway: RawTwoway,
     /// Transports to measure (local mode).
     #[arg(long, value_delimiter = ',', value_enum, default_values_t = [TransportName::Uds, TransportName::Tcp, TransportName::Verbs])]
     transports: Vec<TransportName>,
@@ -407,7 +408,7 @@ impl RunArgs {
             client_core,
             rpc_io: self.rpc_io,
             heap_payload: self.heap_payload,
-            raw_recv: self.raw_recv,
+            raw_twoway: self.raw_twoway,
         }
     }
 
@@ -769,7 +770,10 @@ fn finish(
     unavailable: Vec<Unavailable>,
     started: Instant,
 ) -> Result<(), String> {
-    let diagnosis = transports.iter().filter_map(report::diagnose).collect();
+    let diagnosis = transports
+        .iter()
+        .filter_map(|t| report::diagnose(t, settings.raw_twoway))
+        .collect();
     let report = Report {
         version: env!("CARGO_PKG_VERSION").to_string(),
         placement,

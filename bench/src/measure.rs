@@ -68,20 +68,20 @@ pub enum RpcIo {
     Blocking,
 }
 
-/// What the raw row of `recv` measures (`--raw-recv`).
+/// What the raw rows of the twoway ops (send, recv, echo) measure (`--raw-twoway`).
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
 )]
 #[serde(rename_all = "lowercase")]
-pub enum RawRecv {
-    /// A message stream from a source: one request for the whole run, then the messages
-    /// (the most the connection can deliver).
+pub enum RawTwoway {
+    /// Message streams, the most the connection can deliver: send into a sink, recv from a
+    /// source (one request for the whole run), echo as a stream echoed back.
     #[default]
-    Source,
-    /// Request and reply on the raw connection, as an RPC `recv` call makes them: a small
-    /// request message per message asked for, with as many requests in flight as the cell's
-    /// RPC window. RPC / this is the cost of the RPC layer alone; RPC / source also counts
-    /// the request each call writes.
+    Stream,
+    /// The two messages an RPC call makes, on the raw connection, with as many in flight as
+    /// the cell's RPC window: send answered by an empty message each, recv asked for by a
+    /// small request each, echo one message back for each sent. RPC / this is the cost of
+    /// the RPC layer alone; RPC / stream also counts the second message of every call.
     Exchange,
 }
 
@@ -127,8 +127,8 @@ pub struct Job {
     pub client_core: Option<usize>,
     /// Payloads in heap memory instead of the transport's buffer pool.
     pub heap_payload: bool,
-    /// What the raw row of `recv` measures.
-    pub raw_recv: RawRecv,
+    /// What the raw rows of send, recv and echo measure.
+    pub raw_twoway: RawTwoway,
 }
 
 /// What one measurement saw.
@@ -352,6 +352,7 @@ async fn client_thread<T: Transport>(
     let mode = match (job.layer, job.op) {
         (Layer::Rpc, _) => proto::MODE_RPC,
         (Layer::Raw, Op::Ping | Op::Echo) => proto::MODE_ECHO,
+        (Layer::Raw, Op::Send) if job.raw_twoway == RawTwoway::Exchange => proto::MODE_ACKED,
         (Layer::Raw, Op::Send | Op::Oneway) => proto::MODE_SINK,
         (Layer::Raw, Op::Recv) => proto::MODE_SOURCE,
     };
@@ -468,6 +469,42 @@ async fn raw_op<S: MessageSender, R: MessageReceiver>(
             // A latency test: its byte is not counted as payload moved.
             Ok((0, Some(h)))
         }
+        Op::Send if job.raw_twoway == RawTwoway::Exchange => {
+            let bytes = raw_exchange(
+                tx,
+                rx,
+                count,
+                job.window,
+                || data(payload),
+                |ack| {
+                    if ack.payload.is_empty() {
+                        Ok(payload.len() as u64)
+                    } else {
+                        Err("raw exchange: the acknowledgement carries bytes".into())
+                    }
+                },
+            )
+            .await?;
+            Ok((bytes, None))
+        }
+        Op::Echo if job.raw_twoway == RawTwoway::Exchange => {
+            let bytes = raw_exchange(
+                tx,
+                rx,
+                count,
+                job.window,
+                || data(payload),
+                |echo| {
+                    if echo.payload.len() == payload.len() {
+                        Ok(payload.len() as u64)
+                    } else {
+                        Err("raw exchange: the echo has another length".into())
+                    }
+                },
+            )
+            .await?;
+            Ok((bytes, None))
+        }
         Op::Send | Op::Oneway => {
             for _ in 0..count {
                 tx.send(data(payload)).await?;
@@ -486,10 +523,24 @@ async fn raw_op<S: MessageSender, R: MessageReceiver>(
         }
         Op::Recv => {
             let size = u32::try_from(job.size).map_err(|_| "raw source: size above 4 GiB")?;
-            let mut bytes = 0;
-            if job.raw_recv == RawRecv::Exchange {
-                return raw_exchange(tx, rx, size, count, job.window).await;
+            if job.raw_twoway == RawTwoway::Exchange {
+                let request = || {
+                    Message::new(
+                        HeaderBytes::new(proto::SOURCE_REQ).expect("short"),
+                        proto::SourceRequest { size, count: 1 }.encode(),
+                    )
+                };
+                let bytes = raw_exchange(tx, rx, count, job.window, request, |m| {
+                    if m.header.as_slice() == proto::SOURCE_ERR {
+                        let why = String::from_utf8_lossy(&m.payload);
+                        return Err(format!("raw exchange: the server refused: {why}").into());
+                    }
+                    Ok(m.payload.len() as u64)
+                })
+                .await?;
+                return Ok((bytes, None));
             }
+            let mut bytes = 0;
             // One request per MAX_SOURCE_BYTES at most (the server's limit): one round trip
             // per 64 GiB at worst.
             for req in proto::SourceRequest::split(size, count) {
@@ -530,40 +581,46 @@ async fn raw_op<S: MessageSender, R: MessageReceiver>(
     }
 }
 
-/// `count` messages of `size` bytes from the bench source, each asked for by a request of its
-/// own (`SourceRequest` with a count of 1), up to `window` requests in flight: the raw
-/// counterpart of RPC `recv` calls (`--raw-recv exchange`). Returns the payload bytes moved.
+/// `count` exchanges on the raw connection, as RPC calls make them (`--raw-twoway
+/// exchange`): messages from `next` go out while fewer than `window` wait for their answer;
+/// `answered` checks each answer and says how many payload bytes it stands for. Sending and
+/// receiving run side by side (as the RPC client reads while a write waits), so a window of
+/// large echoes cannot leave both ends blocked in a write. Returns the payload bytes moved.
 async fn raw_exchange<S: MessageSender, R: MessageReceiver>(
     tx: &mut S,
     rx: &mut R,
-    size: u32,
     count: u64,
     window: usize,
-) -> Result<(u64, Option<Histogram<u64>>), BoxError> {
-    let request = || {
-        Message::new(
-            HeaderBytes::new(proto::SOURCE_REQ).expect("short"),
-            proto::SourceRequest { size, count: 1 }.encode(),
-        )
+    next: impl Fn() -> Message,
+    mut answered: impl FnMut(&Message) -> Result<u64, BoxError>,
+) -> Result<u64, BoxError> {
+    let window = window.max(1) as u64;
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let room = tokio::sync::Notify::new();
+    let send = async {
+        for sent in 0..count {
+            while sent - done.load(std::sync::atomic::Ordering::Acquire) >= window {
+                room.notified().await;
+            }
+            tx.send(next()).await?;
+        }
+        Ok::<_, BoxError>(())
     };
-    let mut asked = (window.max(1) as u64).min(count);
-    for _ in 0..asked {
-        tx.send(request()).await?;
-    }
-    let mut bytes = 0;
-    for _ in 0..count {
-        let m = recv_one(rx).await?;
-        if m.header.as_slice() == proto::SOURCE_ERR {
-            let why = String::from_utf8_lossy(&m.payload);
-            return Err(format!("raw exchange: the server refused: {why}").into());
+    let recv = async {
+        let mut bytes = 0;
+        for _ in 0..count {
+            let answer = recv_one(rx).await;
+            // A failed read ends the sender's wait too (its send then fails or the join ends).
+            done.fetch_add(1, std::sync::atomic::Ordering::Release);
+            room.notify_one();
+            bytes += answered(&answer?)?;
         }
-        bytes += m.payload.len() as u64;
-        if asked < count {
-            tx.send(request()).await?;
-            asked += 1;
-        }
-    }
-    Ok((bytes, None))
+        Ok::<_, BoxError>(bytes)
+    };
+    let (s, r) = tokio::join!(send, recv);
+    let bytes = r?;
+    s?;
+    Ok(bytes)
 }
 
 /// A client thread of `--rpc-io blocking`: no runtime, one call at a time.

@@ -7,6 +7,7 @@
 //! | `echo` | sends every message back as it came (raw ping-pong and raw echo stream) |
 //! | `sink` | drops messages; answers an `end` message with `ack` + bytes received (u64 LE) |
 //! | `source` | for each `src` request (size u32 LE, count u64 LE) sends `count` messages of `size` bytes |
+//! | `acked` | answers every message with an empty one (the raw send rows of `--raw-twoway exchange`) |
 //! | `rpc` | hands the connection to an [`RpcServer`] with the [`method`] ids below |
 //!
 //! Raw modes use the backend's `Connection` directly (the same code the RPC layer runs on),
@@ -24,7 +25,7 @@
 //!   client splits a longer stream into several requests ([`SourceRequest::split`]).
 //! - [`method::RECV`] answers at most [`MAX_PAYLOAD`] bytes; a larger size is refused with
 //!   `INVALID_ARGUMENT`.
-//! - `echo` and `sink` only hold one message at a time, bounded by the transport's largest
+//! - `echo`, `sink` and `acked` only hold one message at a time, bounded by the transport's largest
 //!   message; RPC calls in flight are bounded by the [`RpcServer`]'s configuration.
 
 use bytes::{Buf, Bytes};
@@ -97,6 +98,9 @@ impl Drop for Counted {
 pub const MODE_ECHO: &[u8] = b"echo";
 /// Header of the first message of a raw sink connection.
 pub const MODE_SINK: &[u8] = b"sink";
+/// Header of the first message of a raw connection whose every message is answered by an
+/// empty one.
+pub const MODE_ACKED: &[u8] = b"acked";
 /// Header of the first message of a raw source connection.
 pub const MODE_SOURCE: &[u8] = b"source";
 /// Header of the first message of an RPC connection.
@@ -335,6 +339,12 @@ async fn serve_connection<C: Connection>(
                 tx.send(m).await?;
             }
         }
+        MODE_ACKED => {
+            while rx.recv().await?.is_some() {
+                tx.send(Message::new(HeaderBytes::EMPTY, Bytes::new()))
+                    .await?;
+            }
+        }
         MODE_SINK => {
             let mut received = 0u64;
             while let Some(m) = rx.recv().await? {
@@ -450,6 +460,48 @@ mod tests {
         .await
         .expect("the server neither answered nor closed within the bound");
         (got, closed)
+    }
+
+    /// An `acked` connection answers every message, whatever its size, with an empty one, and
+    /// closes when the client does.
+    #[tokio::test]
+    async fn acked_answers_every_message_with_an_empty_one() {
+        let addr = server().await;
+        let conn = TcpTransport::default().connect(&addr).await.unwrap();
+        let (mut tx, mut rx) = conn.split();
+        tx.send(Message::new(
+            HeaderBytes::new(MODE_ACKED).unwrap(),
+            Bytes::new(),
+        ))
+        .await
+        .unwrap();
+        for size in [0usize, 1, 70_000] {
+            tx.send(Message::new(
+                HeaderBytes::EMPTY,
+                Bytes::from(vec![7u8; size]),
+            ))
+            .await
+            .unwrap();
+        }
+        for _ in 0..3 {
+            let m = tokio::time::timeout(BOUND, rx.recv())
+                .await
+                .expect("bounded")
+                .unwrap()
+                .expect("an answer per message");
+            assert!(
+                m.payload.is_empty() && m.header.as_slice().is_empty(),
+                "{m:?}"
+            );
+        }
+        tx.close().await.unwrap();
+        let end = tokio::time::timeout(BOUND, rx.recv())
+            .await
+            .expect("bounded");
+        assert!(
+            matches!(end, Ok(None)),
+            "no fourth answer, then the end: {end:?}"
+        );
     }
 
     /// A `src` request within the limits gets its messages; the connection stays open.

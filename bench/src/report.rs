@@ -201,7 +201,10 @@ impl Table {
 
 /// Builds the diagnosis of one transport from its cells and its ping row: RPC against raw,
 /// so none without raw figures (`--only rpc`).
-pub fn diagnose(t: &TransportReport) -> Option<Diagnosis> {
+///
+/// `raw_twoway` says what the raw rows of send, recv and echo measured (`--raw-twoway`): the
+/// verdict blames a twoway call's second message only when raw had none.
+pub fn diagnose(t: &TransportReport, raw_twoway: crate::measure::RawTwoway) -> Option<Diagnosis> {
     // The cells with both sides measured, each with its raw figures and utilization.
     let paired = || {
         t.cells
@@ -255,6 +258,7 @@ pub fn diagnose(t: &TransportReport) -> Option<Diagnosis> {
         utilization,
         t.ping.as_ref().and_then(|p| p.latency_ratio),
         basis.op != crate::measure::Op::Oneway,
+        raw_twoway == crate::measure::RawTwoway::Exchange,
     );
     d.verdict = format!("{} (basis: {})", d.verdict.trim_end_matches('.'), d.basis) + ".";
     Some(d)
@@ -326,7 +330,13 @@ pub fn latency_verdict(t: &TransportReport) -> Option<String> {
     ))
 }
 
-fn verdict(d: &Diagnosis, util: f64, ping: Option<f64>, twoway: bool) -> String {
+fn verdict(
+    d: &Diagnosis,
+    util: f64,
+    ping: Option<f64>,
+    twoway: bool,
+    raw_exchange: bool,
+) -> String {
     // Without a latency row, the verdict speaks of throughput only.
     let ping_ratio = ping.unwrap_or(1.0);
     let latency = |r: f64| match ping {
@@ -382,7 +392,7 @@ fn verdict(d: &Diagnosis, util: f64, ping: Option<f64>, twoway: bool) -> String 
                 "system calls: {:.2} per call against {:.2} per raw message{}",
                 d.syscalls_per_call,
                 d.raw_syscalls_per_call,
-                if twoway {
+                if twoway && !raw_exchange {
                     " (a twoway call is two messages where the raw stream has one: the other one costs a write, a read and a wake-up per call unless several are written together)"
                 } else {
                     ""
@@ -680,13 +690,11 @@ impl Report {
             let with_raw = cells().any(|c| c.raw.is_some());
             let with_os = cells().any(|c| c.os.is_some());
             if with_raw {
-                let recv = match self.settings.raw_recv {
-                    crate::measure::RawRecv::Source => "recv: from a source",
-                    crate::measure::RawRecv::Exchange => {
-                        "recv: a request per message, the RPC window in flight (--raw-recv exchange)"
-                    }
+                let raw = match self.settings.raw_twoway {
+                    crate::measure::RawTwoway::Stream => "message stream on the backend connection (send/oneway: into a sink, recv: from a source, echo: echoed stream)",
+                    crate::measure::RawTwoway::Exchange => "messages on the backend connection (oneway: into a sink; --raw-twoway exchange: send answered by an empty message each, recv asked for by a request each, echo echoed, the RPC window in flight)",
                 };
-                let _ = writeln!(out, "Throughput in Mbit/s of payload: raw = message stream on the backend connection (send/oneway: into a sink, {recv}, echo: echoed stream); util = median over the runs of rpc / raw measured back to back");
+                let _ = writeln!(out, "Throughput in Mbit/s of payload: raw = {raw}; util = median over the runs of rpc / raw measured back to back");
             } else {
                 out.push_str("Throughput in Mbit/s of payload of RPC calls; raw, util and os: not measured (--only rpc)\n");
             }
@@ -918,7 +926,7 @@ pub(crate) mod tests {
         guest.placement.summary = "no pinning (2 CPUs allowed)".into();
         guest
             .diagnosis
-            .push(diagnose(&guest.transports[0]).expect("a diagnosis"));
+            .push(diagnose(&guest.transports[0], Default::default()).expect("a diagnosis"));
         let json = serde_json::to_string(&guest).expect("serialize");
         let guest: Report = serde_json::from_str(&json).expect("deserialize");
         host.merge_emulated(guest, "in the test guest");
@@ -1019,7 +1027,7 @@ pub(crate) mod tests {
         assert!(v.contains("at the OS's limit"), "{v}");
         assert!(latency_verdict(&transport("tcp", false)).is_none());
         let v = latency_verdict(&t).unwrap();
-        let d = diagnose(&t).expect("a diagnosis");
+        let d = diagnose(&t, Default::default()).expect("a diagnosis");
         assert_eq!(d.latency_verdict.as_deref(), Some(&v[..]));
         let mut r = report(vec![t]);
         r.diagnosis.push(d);
@@ -1058,7 +1066,7 @@ pub(crate) mod tests {
             client_core: Some(0),
             rpc_io: Default::default(),
             heap_payload: false,
-            raw_recv: Default::default(),
+            raw_twoway: Default::default(),
         };
         Report {
             version: "test".into(),
@@ -1280,7 +1288,10 @@ pub(crate) mod tests {
     fn rpc_only_tables_leave_out_raw_and_os_and_say_so() {
         let mut r = report(vec![rpc_only(transport("uds", true))]);
         r.settings.layers = vec![crate::measure::Layer::Rpc];
-        assert!(diagnose(&r.transports[0]).is_none(), "no raw, no diagnosis");
+        assert!(
+            diagnose(&r.transports[0], Default::default()).is_none(),
+            "no raw, no diagnosis"
+        );
         let text = r.render();
         assert!(
             text.lines()
@@ -1405,13 +1416,19 @@ pub(crate) mod tests {
             syscalls_per_call: 2.6,
             ..even()
         };
-        let v = verdict(&d, 0.89, Some(1.05), true);
+        let v = verdict(&d, 0.89, Some(1.05), true, false);
         assert!(
             v.starts_with("uds: the largest cost is system calls: 2.60"),
             "{v}"
         );
         assert!(v.contains("a twoway call is two messages"), "{v}");
-        assert!(!verdict(&d, 0.89, Some(1.05), false).contains("twoway"));
+        assert!(!verdict(&d, 0.89, Some(1.05), false, false).contains("twoway"));
+        // Raw made the same exchange (`--raw-twoway exchange`): no second message to blame.
+        let v = verdict(&d, 0.89, Some(1.05), true, true);
+        assert!(
+            v.contains("system calls: 2.60") && !v.contains("twoway"),
+            "{v}"
+        );
     }
 
     #[test]
@@ -1421,17 +1438,17 @@ pub(crate) mod tests {
             raw_context_switches_per_call: 0.31,
             ..even()
         };
-        assert!(verdict(&switches, 0.74, Some(1.1), true).contains("wake-ups: 1.93"));
+        assert!(verdict(&switches, 0.74, Some(1.1), true, false).contains("wake-ups: 1.93"));
         let copies = Diagnosis {
             copies_per_byte: 1.0,
             ..even()
         };
-        assert!(verdict(&copies, 0.6, Some(1.1), true).contains("payload copies: 1.00"));
+        assert!(verdict(&copies, 0.6, Some(1.1), true, false).contains("payload copies: 1.00"));
         let sync = Diagnosis {
             mean_in_flight: 1.0,
             ..even()
         };
-        assert!(verdict(&sync, 0.5, Some(1.1), true).contains("too few calls in flight"));
+        assert!(verdict(&sync, 0.5, Some(1.1), true, false).contains("too few calls in flight"));
     }
 
     #[test]
@@ -1446,7 +1463,7 @@ pub(crate) mod tests {
 
     #[test]
     fn says_so_when_nothing_costs_more() {
-        let v = verdict(&even(), 0.99, Some(1.02), true);
+        let v = verdict(&even(), 0.99, Some(1.02), true, false);
         assert!(v.contains("no measurable cost above raw"), "{v}");
     }
 }

@@ -54,10 +54,10 @@ pub struct Settings {
     /// Payloads in heap memory, not the transport's buffer pool (`--heap-payload`).
     #[serde(default)]
     pub heap_payload: bool,
-    /// What the raw row of `recv` measures (`--raw-recv`); reports written before this field
-    /// measured a source.
+    /// What the raw rows of send, recv and echo measure (`--raw-twoway`); reports written
+    /// before this field measured streams.
     #[serde(default)]
-    pub raw_recv: measure::RawRecv,
+    pub raw_twoway: measure::RawTwoway,
 }
 
 /// Default of [`Settings::window_bytes`] (`--window-bytes`): 2 MiB.
@@ -495,7 +495,7 @@ pub fn run<T: Transport + Clone>(
         window: s.window_for(op, size),
         client_core: s.client_core,
         heap_payload: s.heap_payload,
-        raw_recv: s.raw_recv,
+        raw_twoway: s.raw_twoway,
     };
     let measure_side = |side: Side, op: Op, size: usize, count: u64, threads: usize| match side {
         Side::Os => match (os_target, op) {

@@ -593,14 +593,15 @@ fn rpc_io_blocking_measures_the_blocking_client_and_server() {
     assert!(stderr(&o).contains("local mode only"), "{}", stderr(&o));
 }
 
-/// `--raw-recv exchange` measures the raw `recv` row as request and reply on the raw
-/// connection: every message moved, each one asked for by a request the client writes (at
-/// least one system call per message, where the source's one request serves the whole run),
-/// and the JSON and the table say which raw row was measured.
+/// `--raw-twoway exchange` measures the raw rows of send, recv and echo as the exchanges RPC
+/// calls make on the raw connection: every op moves its bytes, a recv message is asked for by
+/// a request the client writes (at least one system call per message, where the source's one
+/// request serves the whole run), and the JSON and the table say which raw rows were
+/// measured.
 #[test]
-fn raw_recv_exchange_asks_for_every_message() {
+fn raw_twoway_exchange_answers_every_message() {
     let mut args = vec![
-        "--raw-recv",
+        "--raw-twoway",
         "exchange",
         "--json",
         "--transports",
@@ -610,7 +611,7 @@ fn raw_recv_exchange_asks_for_every_message() {
         "--sizes",
         "1K,64K",
         "--ops",
-        "recv",
+        "send,recv,echo",
         "--bytes",
         "256K",
         "--no-progress",
@@ -618,30 +619,35 @@ fn raw_recv_exchange_asks_for_every_message() {
     let o = bench(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is JSON");
-    assert_eq!(v["settings"]["raw_recv"], "exchange", "{v}");
+    assert_eq!(v["settings"]["raw_twoway"], "exchange", "{v}");
     let transports = v["transports"].as_array().unwrap();
     assert_eq!(transports.len(), 2, "{v}");
     for t in transports {
         let cells = t["cells"].as_array().unwrap();
-        assert_eq!(cells.len(), 2, "{t}");
+        // 3 ops x 2 sizes.
+        assert_eq!(cells.len(), 6, "{t}");
         for c in cells {
-            assert_eq!(c["op"], "recv", "{c}");
             let raw = &c["raw"];
             assert!(raw["mbit_s"]["min"].as_f64().unwrap() > 0.0, "{c}");
-            let syscalls = raw["costs"]["syscalls_per_call"].as_f64().unwrap();
-            assert!(syscalls >= 1.0, "a request written per message: {c}");
+            if c["op"] == "recv" {
+                let syscalls = raw["costs"]["syscalls_per_call"].as_f64().unwrap();
+                assert!(syscalls >= 1.0, "a request written per message: {c}");
+            }
         }
     }
     args.retain(|a| *a != "--json");
     let o = bench(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8(o.stdout).unwrap();
-    assert!(out.contains("recv: a request per message"), "{out}");
+    assert!(
+        out.contains("--raw-twoway exchange: send answered"),
+        "{out}"
+    );
 
-    let o = bench(&["--raw-recv", "sideways"]);
+    let o = bench(&["--raw-twoway", "sideways"]);
     assert!(!o.status.success());
     assert!(
-        stderr(&o).contains("possible values: source, exchange"),
+        stderr(&o).contains("possible values: stream, exchange"),
         "{}",
         stderr(&o)
     );
