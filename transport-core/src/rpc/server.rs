@@ -8,7 +8,7 @@ use crate::{
     Metrics, SendBuffer, TransportError,
 };
 use bytes::Bytes;
-use futures_util::future::{AbortHandle, Abortable, Aborted};
+use futures_util::future::{AbortHandle, Abortable, Aborted, Either};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::task::AtomicWaker;
 use std::collections::HashMap;
@@ -709,15 +709,22 @@ impl Replies {
 }
 
 /// A handler's future with the server's time limit (`ServerConfig::handler_timeout`), if any.
-async fn with_timeout<F>(work: F, timeout: Option<Duration>) -> Result<Bytes, Status>
+/// Without a limit it is the handler's own future, polled in place (no wrapping state machine
+/// to enter and no move of the handler's future into it, per request).
+fn with_timeout<F>(
+    work: F,
+    timeout: Option<Duration>,
+) -> impl Future<Output = Result<Bytes, Status>>
 where
     F: Future<Output = Result<Bytes, Status>>,
 {
     match timeout {
-        None => work.await,
-        Some(t) => tokio::time::timeout(t, work)
-            .await
-            .unwrap_or_else(|_| Err(Status::handler_timed_out(t))),
+        None => Either::Left(work),
+        Some(t) => Either::Right(async move {
+            tokio::time::timeout(t, work)
+                .await
+                .unwrap_or_else(|_| Err(Status::handler_timed_out(t)))
+        }),
     }
 }
 
