@@ -469,36 +469,24 @@ async fn raw_op<S: MessageSender, R: MessageReceiver>(
             // A latency test: its byte is not counted as payload moved.
             Ok((0, Some(h)))
         }
-        Op::Send if job.raw_twoway == RawTwoway::Exchange => {
+        Op::Send | Op::Echo if job.raw_twoway == RawTwoway::Exchange => {
+            // Send is answered by an empty message, echo by its own bytes.
+            let want = if job.op == Op::Send { 0 } else { payload.len() };
             let bytes = raw_exchange(
                 tx,
                 rx,
                 count,
                 job.window,
                 || data(payload),
-                |ack| {
-                    if ack.payload.is_empty() {
+                |answer| {
+                    if answer.payload.len() == want {
                         Ok(payload.len() as u64)
                     } else {
-                        Err("raw exchange: the acknowledgement carries bytes".into())
-                    }
-                },
-            )
-            .await?;
-            Ok((bytes, None))
-        }
-        Op::Echo if job.raw_twoway == RawTwoway::Exchange => {
-            let bytes = raw_exchange(
-                tx,
-                rx,
-                count,
-                job.window,
-                || data(payload),
-                |echo| {
-                    if echo.payload.len() == payload.len() {
-                        Ok(payload.len() as u64)
-                    } else {
-                        Err("raw exchange: the echo has another length".into())
+                        Err(format!(
+                            "raw exchange: an answer of {} bytes where {want} were due",
+                            answer.payload.len()
+                        )
+                        .into())
                     }
                 },
             )
