@@ -469,24 +469,37 @@ async fn raw_op<S: MessageSender, R: MessageReceiver>(
             // A latency test: its byte is not counted as payload moved.
             Ok((0, Some(h)))
         }
-        Op::Send | Op::Echo if job.raw_twoway == RawTwoway::Exchange => {
-            // Send is answered by an empty message, echo by its own bytes.
-            let want = if job.op == Op::Send { 0 } else { payload.len() };
+        Op::Send | Op::Recv | Op::Echo if job.raw_twoway == RawTwoway::Exchange => {
+            // What goes out per exchange, and how many bytes its answer carries: send is
+            // answered by an empty message, echo by its own bytes, a `src` request for one
+            // message by that message.
+            let (out, want) = match job.op {
+                Op::Recv => {
+                    let size =
+                        u32::try_from(job.size).map_err(|_| "raw source: size above 4 GiB")?;
+                    (
+                        source_request(proto::SourceRequest { size, count: 1 }),
+                        job.size,
+                    )
+                }
+                Op::Send => (data(payload), 0),
+                _ => (data(payload), payload.len()),
+            };
             let bytes = raw_exchange(
                 tx,
                 rx,
                 count,
                 job.window,
-                || data(payload),
+                || out.clone(),
                 |answer| {
-                    if answer.payload.len() == want {
-                        Ok(payload.len() as u64)
+                    let got = from_source(answer)?;
+                    if got == want as u64 {
+                        Ok(job.size as u64)
                     } else {
-                        Err(format!(
-                            "raw exchange: an answer of {} bytes where {want} were due",
-                            answer.payload.len()
+                        Err(
+                            format!("raw exchange: an answer of {got} bytes where {want} were due")
+                                .into(),
                         )
-                        .into())
                     }
                 },
             )
@@ -511,39 +524,14 @@ async fn raw_op<S: MessageSender, R: MessageReceiver>(
         }
         Op::Recv => {
             let size = u32::try_from(job.size).map_err(|_| "raw source: size above 4 GiB")?;
-            if job.raw_twoway == RawTwoway::Exchange {
-                let request = || {
-                    Message::new(
-                        HeaderBytes::new(proto::SOURCE_REQ).expect("short"),
-                        proto::SourceRequest { size, count: 1 }.encode(),
-                    )
-                };
-                let bytes = raw_exchange(tx, rx, count, job.window, request, |m| {
-                    if m.header.as_slice() == proto::SOURCE_ERR {
-                        let why = String::from_utf8_lossy(&m.payload);
-                        return Err(format!("raw exchange: the server refused: {why}").into());
-                    }
-                    Ok(m.payload.len() as u64)
-                })
-                .await?;
-                return Ok((bytes, None));
-            }
             let mut bytes = 0;
             // One request per MAX_SOURCE_BYTES at most (the server's limit): one round trip
             // per 64 GiB at worst.
             for req in proto::SourceRequest::split(size, count) {
-                tx.send(Message::new(
-                    HeaderBytes::new(proto::SOURCE_REQ).expect("short"),
-                    req.encode(),
-                ))
-                .await?;
-                for _ in 0..req.count {
-                    let m = recv_one(rx).await?;
-                    if m.header.as_slice() == proto::SOURCE_ERR {
-                        let why = String::from_utf8_lossy(&m.payload);
-                        return Err(format!("raw source: the server refused: {why}").into());
-                    }
-                    bytes += m.payload.len() as u64;
+                let messages = req.count;
+                tx.send(source_request(req)).await?;
+                for _ in 0..messages {
+                    bytes += from_source(&recv_one(rx).await?)?;
                 }
             }
             Ok((bytes, None))
@@ -567,6 +555,24 @@ async fn raw_op<S: MessageSender, R: MessageReceiver>(
             Ok((r?, None))
         }
     }
+}
+
+/// A `src` request to the bench source.
+fn source_request(req: proto::SourceRequest) -> Message {
+    Message::new(
+        HeaderBytes::new(proto::SOURCE_REQ).expect("short"),
+        req.encode(),
+    )
+}
+
+/// The payload bytes a message carries, or, if it is the source's refusal, its reason as
+/// the error (only the source refuses; the acked and echo modes never do).
+fn from_source(m: &Message) -> Result<u64, BoxError> {
+    if m.header.as_slice() == proto::SOURCE_ERR {
+        let why = String::from_utf8_lossy(&m.payload);
+        return Err(format!("raw source: the server refused: {why}").into());
+    }
+    Ok(m.payload.len() as u64)
 }
 
 /// `count` exchanges on the raw connection, as RPC calls make them (`--raw-twoway

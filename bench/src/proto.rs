@@ -433,6 +433,19 @@ mod tests {
         addr
     }
 
+    /// A TCP connection to the bench server at `addr`, opened in `mode`, as its two halves.
+    async fn raw_connection(
+        addr: SocketAddr,
+        mode: &[u8],
+    ) -> (impl MessageSender, impl MessageReceiver) {
+        let conn = TcpTransport::default().connect(&addr).await.unwrap();
+        let (mut tx, rx) = conn.split();
+        tx.send(Message::new(HeaderBytes::new(mode).unwrap(), Bytes::new()))
+            .await
+            .unwrap();
+        (tx, rx)
+    }
+
     /// Opens a source connection, sends one `src` message with `payload` and reads what the
     /// server answers: at most `max_messages` messages, until it closes the connection.
     /// Returns the messages and whether the server closed the connection.
@@ -441,13 +454,8 @@ mod tests {
         payload: Bytes,
         max_messages: usize,
     ) -> (Vec<Message>, bool) {
-        let conn = TcpTransport::default().connect(&addr).await.unwrap();
-        let (mut tx, mut rx) = conn.split();
-        let header = |h| HeaderBytes::new(h).unwrap();
-        tx.send(Message::new(header(MODE_SOURCE), Bytes::new()))
-            .await
-            .unwrap();
-        tx.send(Message::new(header(SOURCE_REQ), payload))
+        let (mut tx, mut rx) = raw_connection(addr, MODE_SOURCE).await;
+        tx.send(Message::new(HeaderBytes::new(SOURCE_REQ).unwrap(), payload))
             .await
             .unwrap();
         let mut got = Vec::new();
@@ -470,14 +478,7 @@ mod tests {
     #[tokio::test]
     async fn acked_answers_every_message_with_an_empty_one() {
         let addr = server().await;
-        let conn = TcpTransport::default().connect(&addr).await.unwrap();
-        let (mut tx, mut rx) = conn.split();
-        tx.send(Message::new(
-            HeaderBytes::new(MODE_ACKED).unwrap(),
-            Bytes::new(),
-        ))
-        .await
-        .unwrap();
+        let (mut tx, mut rx) = raw_connection(addr, MODE_ACKED).await;
         for size in [0usize, 1, 70_000] {
             tx.send(Message::new(
                 HeaderBytes::EMPTY,
@@ -664,14 +665,7 @@ mod tests {
         tokio::spawn(serve(b, Arc::clone(&theirs)));
         let payload = Bytes::from(vec![1u8; 4096]);
         let (got, closed) = {
-            let conn = TcpTransport::default().connect(&addr).await.unwrap();
-            let (mut tx, mut rx) = conn.split();
-            tx.send(Message::new(
-                HeaderBytes::new(MODE_ECHO).unwrap(),
-                Bytes::new(),
-            ))
-            .await
-            .unwrap();
+            let (mut tx, mut rx) = raw_connection(addr, MODE_ECHO).await;
             tx.send(Message::new(HeaderBytes::EMPTY, payload.clone()))
                 .await
                 .unwrap();
