@@ -679,7 +679,10 @@ impl Core {
             Completion::Read { tag, len, status } => {
                 if let Err(e) = status {
                     let (received, expected) = self.engine.reading().unwrap_or((0, len as u64));
-                    if e.is_flush() {
+                    // The peer's side ended the READ (killed mid-transfer: its keys and queue
+                    // pair go in no fixed order, so a flush, a remote access error or no
+                    // answer): the incoming message was cut.
+                    if e.is_peer_side() {
                         return Err(Fail::Truncated { received, expected });
                     }
                     return Err(wc(WorkRequestKind::RdmaRead, e));

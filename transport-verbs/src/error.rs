@@ -197,6 +197,26 @@ impl WcStatus {
         }
     }
 
+    /// Whether the work request failed on the peer's side or on the way to it (its memory key
+    /// or queue pair refused or went away, or it stopped answering), or was flushed after
+    /// such a failure put the queue pair in the error state, rather than through this side's
+    /// own keys, lengths or queue pair. An RDMA READ that fails so while a message streams in
+    /// has cut that message: a peer killed mid-transfer tears down its memory keys and its
+    /// queue pair in an order the reader cannot choose, so its READ can end with any of these.
+    pub fn is_peer_side(self) -> bool {
+        matches!(
+            self,
+            WcStatus::Flushed
+                | WcStatus::RemoteInvalidRequest
+                | WcStatus::RemoteAccess
+                | WcStatus::RemoteOperation
+                | WcStatus::RetryExceeded
+                | WcStatus::RnrRetryExceeded
+                | WcStatus::RemoteAborted
+                | WcStatus::ResponseTimeout
+        )
+    }
+
     /// The raw `ibv_wc_status` value.
     pub fn raw(self) -> u32 {
         match self {
@@ -440,6 +460,41 @@ const EOPNOTSUPP: i32 = 95;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A READ cut by the peer's side (its keys or queue pair gone, no answer, or the flush
+    /// after that) is told apart from one this side's own work request caused.
+    #[test]
+    fn peer_side_failures_are_told_from_local_ones() {
+        for s in [
+            WcStatus::Flushed,
+            WcStatus::RemoteInvalidRequest,
+            WcStatus::RemoteAccess,
+            WcStatus::RemoteOperation,
+            WcStatus::RetryExceeded,
+            WcStatus::RnrRetryExceeded,
+            WcStatus::RemoteAborted,
+            WcStatus::ResponseTimeout,
+        ] {
+            assert!(s.is_peer_side(), "{s:?}");
+            assert!(
+                WcStatus::from_raw(s.raw()).is_peer_side(),
+                "{s:?} through its raw value"
+            );
+        }
+        for s in [
+            WcStatus::LocalLength,
+            WcStatus::LocalQpOperation,
+            WcStatus::LocalProtection,
+            WcStatus::LocalAccess,
+            WcStatus::MemoryWindowBind,
+            WcStatus::BadResponse,
+            WcStatus::Fatal,
+            WcStatus::General,
+            WcStatus::Other(99),
+        ] {
+            assert!(!s.is_peer_side(), "{s:?}");
+        }
+    }
 
     #[test]
     fn enosys_means_no_device_and_eopnotsupp_means_no_rdma_core() {

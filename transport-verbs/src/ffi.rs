@@ -483,6 +483,11 @@ impl WcFailure {
     pub(crate) fn is_flush(&self) -> bool {
         self.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR
     }
+
+    /// See [`crate::error::WcStatus::is_peer_side`].
+    pub(crate) fn is_peer_side(&self) -> bool {
+        crate::error::WcStatus::from_raw(self.status).is_peer_side()
+    }
 }
 
 /// A completion, with the memory owner it released.
