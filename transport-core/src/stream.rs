@@ -252,6 +252,15 @@ impl<W: AsyncWrite + Unpin + Send + 'static> MessageSender for StreamSender<W> {
     }
 
     async fn send_batch(&mut self, msgs: &mut Vec<Message>) -> Result<(), TransportError> {
+        if msgs.len() == 1 {
+            // A lone caller's batch: queued as `send` does, without the loops below.
+            self.encoder.check(&msgs[0])?;
+            let frame = self
+                .encoder
+                .encode_frame(msgs.pop().expect("one message"))?;
+            self.queue.push_back(frame);
+            return self.write_queue().await;
+        }
         // All or nothing: a message over the limit fails the batch before any is queued.
         for m in msgs.iter() {
             self.encoder.check(m)?;
@@ -1120,6 +1129,32 @@ mod tests {
             }
         ));
         assert_eq!(tx.metrics().bytes_sent.get(), 0);
+    }
+
+    /// A batch refuses a message over the limit before writing anything, and leaves it (and
+    /// the rest) in the batch: one message alone, or among others.
+    #[tokio::test]
+    async fn oversize_batch_writes_nothing_and_keeps_its_messages() {
+        for others in [0, 2] {
+            let (mut tx, _rx, _) = pair(10);
+            let mut batch =
+                vec![Message::new(HeaderBytes::EMPTY, Bytes::from_static(b"ok")); others];
+            batch.push(Message::new(HeaderBytes::EMPTY, Bytes::from(vec![0; 11])));
+            let e = tx.send_batch(&mut batch).await.unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    TransportError::MessageTooLarge {
+                        len: 11,
+                        max: 10,
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+            assert_eq!(batch.len(), others + 1, "the batch keeps its messages");
+            assert_eq!(tx.metrics().bytes_sent.get(), 0);
+        }
     }
 
     #[tokio::test]

@@ -13,7 +13,7 @@ use std::hash::BuildHasherDefault;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
@@ -122,9 +122,19 @@ struct State {
     want_inbox: VecDeque<u64>,
     /// A write the peer does not drain waits here to read replies meanwhile.
     writer_waker: Option<Waker>,
+    /// A call went away before its answer was read: an answer may still come for it, which
+    /// no entry of `pending` tells (see [`State::owes_nothing`]).
+    orphaned: bool,
 }
 
 impl State {
+    /// Whether no answer can be on its way: no call waits for one and none went away before
+    /// its own arrived. A blocked write then has nothing to read meanwhile (a request that
+    /// starts now is written only after it).
+    fn owes_nothing(&self) -> bool {
+        self.pending.is_empty() && !self.orphaned
+    }
+
     /// When the receiving half is free and calls wait for it, the wakers that should come
     /// and take it: the oldest waiting call, and the blocked write if there is one.
     fn pass_inbox(&mut self) -> (Option<Waker>, Option<Waker>) {
@@ -197,18 +207,21 @@ struct Outbox {
     queued: u64,
 }
 
-/// A write of a batch, owning the sender while it runs so that it survives the call that
-/// started it being dropped: whoever holds the writer next drives it to the end.
-type Write<S> = Pin<Box<dyn Future<Output = (S, u64, Result<(), TransportError>)> + Send>>;
-
 /// The sending half, taken by one caller at a time (see [`Shared::write_through`]).
+///
+/// A write the transport could not finish at once stays here, not in the future of the call
+/// that started it, so that it survives that call being dropped: whoever holds the writer
+/// next drives it to the end ([`Shared::finish_write`]). Senders are cancel safe, which is all
+/// that takes: what a dropped `send_batch` left half-written goes out with the next `flush`,
+/// and the messages it did not take are still in its vector.
 struct Writer<S> {
-    /// `None` while `in_flight` owns it.
-    sender: Option<S>,
-    in_flight: Option<Write<S>>,
-    /// An empty vector kept for its capacity: the next batch swaps it for the queue, so
-    /// queuing and writing allocate nothing per call.
-    spare: Vec<Message>,
+    sender: S,
+    /// The ticket of the last message of a write that has not finished; its messages not
+    /// yet taken by the transport are in `batch`.
+    unfinished: Option<u64>,
+    /// The batch being written; between writes an empty vector kept for its capacity (the
+    /// next batch swaps it for the queue, so queuing and writing allocate nothing per call).
+    batch: Vec<Message>,
 }
 
 /// A receiving half whose `recv` can be called without naming its type (the client is generic
@@ -286,6 +299,7 @@ impl<S> Shared<S> {
         let (unanswered, wake) = {
             let mut st = self.state();
             let unanswered = st.pending.remove(&id).is_some_and(|w| w.reply.is_none());
+            st.orphaned |= unanswered;
             (unanswered, st.pass_inbox())
         };
         if unanswered {
@@ -506,10 +520,14 @@ impl<S: MessageSender> Shared<S> {
         let (ticket, writer) = match self.writer.try_lock() {
             // Nobody is writing and no other call is in flight (a ping loop, a stream of
             // oneway calls): write at once, without the queue (see `write_alone`).
-            Ok(w) if w.in_flight.is_none() && !self.others_in_flight() => {
-                match self.write_alone(w, msg).await? {
+            Ok(mut w) if w.unfinished.is_none() && !self.others_in_flight()? => {
+                let mut msg = Some(msg);
+                let alone =
+                    std::future::poll_fn(|cx| Poll::Ready(self.write_alone(&mut w, &mut msg, cx)))
+                        .await?;
+                match alone {
                     None => return Ok(()),
-                    Some((ticket, w)) => (ticket, Some(w)),
+                    Some(ticket) => (ticket, Some(w)),
                 }
             }
             w => {
@@ -522,80 +540,78 @@ impl<S: MessageSender> Shared<S> {
         self.write_through(ticket, writer).await
     }
 
-    /// Whether calls other than the caller's own are in flight.
-    fn others_in_flight(&self) -> bool {
-        self.state().pending.len() > 1
+    /// Whether calls other than the caller's own are in flight; the connection's error once
+    /// it has ended (one look at the state for both).
+    fn others_in_flight(&self) -> Result<bool, RpcError> {
+        let st = self.state();
+        match &st.closed {
+            Some(e) => Err(e.clone()),
+            None => Ok(st.pending.len() > 1),
+        }
     }
 
-    /// Writes `msg` while holding the writer with nothing in flight: if no message is queued
-    /// either, it takes the next ticket and goes straight to the transport (one lock of the
-    /// outbox, no trip through the queue); a write that cannot finish at once is handed to
-    /// the writer's boxed future as in [`Shared::write_through`]. Otherwise it joins the
-    /// queue behind the messages already there. `None` once the transport took it, else its
-    /// ticket and the writer, for [`Shared::write_through`] to finish (awaited by the caller,
-    /// so that the two futures share their space in the caller's).
-    async fn write_alone<'w>(
-        self: &Arc<Self>,
-        mut writer: tokio::sync::MutexGuard<'w, Writer<S>>,
-        msg: Message,
-    ) -> Result<Option<(u64, tokio::sync::MutexGuard<'w, Writer<S>>)>, RpcError> {
-        let (upto, msg) = {
-            let mut outbox = self.outbox();
-            outbox.queued += 1;
-            if outbox.queue.is_empty() {
-                (outbox.queued, Some(msg))
-            } else {
-                outbox.queue.push(msg);
-                (outbox.queued, None)
-            }
-        };
-        let Some(msg) = msg else {
-            return Ok(Some((upto, writer)));
-        };
-        let Some(mut sender) = writer.sender.take() else {
+    /// Writes `msg` (taken out of the option) while holding the writer with nothing
+    /// unfinished: if no message is queued either, it takes the next ticket and goes straight
+    /// to the transport, tried once within the caller's poll (one lock of the outbox, no trip
+    /// through the queue, nothing of it kept in the caller's future); a write that cannot
+    /// finish at once is left unfinished in the writer, as in [`Shared::write_through`].
+    /// Otherwise it joins the queue behind the messages already there. `None` once the
+    /// transport took it, else its ticket, for [`Shared::write_through`] to finish with the
+    /// writer.
+    fn write_alone(
+        &self,
+        writer: &mut Writer<S>,
+        msg: &mut Option<Message>,
+        cx: &mut Context<'_>,
+    ) -> Result<Option<u64>, RpcError> {
+        let Some(m) = msg.take() else {
             return Err(RpcError::ClientClosed);
         };
-        let mut batch = std::mem::take(&mut writer.spare);
-        batch.push(msg);
-        let first = {
-            let mut write = std::pin::pin!(sender.send_batch(&mut batch));
-            crate::poll_once(write.as_mut()).await
+        let upto = {
+            let mut outbox = self.outbox();
+            outbox.queued += 1;
+            if !outbox.queue.is_empty() {
+                outbox.queue.push(m);
+                return Ok(Some(outbox.queued));
+            }
+            outbox.queued
         };
-        match first {
-            Poll::Ready(result) => {
-                writer.sender = Some(sender);
-                let failed = result.is_err();
-                self.record_write(upto, result);
-                batch.clear();
-                writer.spare = batch;
-                if failed {
-                    return Err(self.closed_error_or(RpcError::ClientClosed));
-                }
-                Ok(None)
-            }
-            Poll::Pending => {
-                writer.in_flight = Some(Self::write_later(sender, batch, upto));
-                Ok(Some((upto, writer)))
-            }
+        writer.batch.push(m);
+        match self.write_once(writer, upto, cx) {
+            Poll::Ready(Err(e)) => Err(e),
+            Poll::Ready(Ok(())) => Ok(None),
+            Poll::Pending => Ok(Some(upto)),
         }
+    }
+
+    /// One try at writing the writer's batch, whose last message has ticket `upto`, within
+    /// the caller's poll (most writes go through at once: the socket has room, the send queue
+    /// has slots). A write that has to wait is left unfinished in the writer: dropping the
+    /// pending `send_batch` is allowed (see [`Writer`]). On an error the connection is failed
+    /// and its error returned.
+    fn write_once(
+        &self,
+        writer: &mut Writer<S>,
+        upto: u64,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), RpcError>> {
+        let first = std::pin::pin!(writer.sender.send_batch(&mut writer.batch)).poll(cx);
+        let Poll::Ready(result) = first else {
+            writer.unfinished = Some(upto);
+            return Poll::Pending;
+        };
+        let failed = result.is_err();
+        self.record_write(upto, result);
+        writer.batch.clear();
+        if failed {
+            return Poll::Ready(Err(self.closed_error_or(RpcError::ClientClosed)));
+        }
+        Poll::Ready(Ok(()))
     }
 
     /// The error the connection ended with (set by `fail_all`), or `otherwise`.
     fn closed_error_or(&self, otherwise: RpcError) -> RpcError {
         self.state().closed.clone().unwrap_or(otherwise)
-    }
-
-    /// A write that has to wait, as a boxed future that owns the sender and the batch (so it
-    /// survives the call that started it): the rest of what the first attempt left
-    /// half-written, then the messages it did not take.
-    fn write_later(mut sender: S, mut batch: Vec<Message>, upto: u64) -> Write<S> {
-        Box::pin(async move {
-            let result = match sender.flush().await {
-                Ok(()) => sender.send_batch(&mut batch).await,
-                Err(e) => Err(e),
-            };
-            (sender, upto, result)
-        })
     }
 
     /// Writes until every message up to `ticket` has been taken by the transport, with the
@@ -631,31 +647,16 @@ impl<S: MessageSender> Shared<S> {
                 // 340 000 calls/s on TCP); a lone call (a ping loop) is written at once.
                 tokio::task::yield_now().await;
             }
-            let (mut batch, upto) = {
-                let spare = std::mem::take(&mut writer.spare);
+            let upto = {
                 let mut outbox = self.outbox();
-                (std::mem::replace(&mut outbox.queue, spare), outbox.queued)
+                std::mem::swap(&mut outbox.queue, &mut writer.batch);
+                outbox.queued
             };
-            let Some(mut sender) = writer.sender.take() else {
-                return Err(RpcError::ClientClosed);
-            };
-            // Most writes go through at once (the socket has room, the send queue has
-            // slots): try it here, with no boxed future and no reading alongside. Only a
-            // write that has to wait is handed to a boxed future that survives this call
-            // (senders are cancel safe: what the first attempt left half-written goes out
-            // with the next `flush`, the messages it did not take stay in `batch`).
-            let first = {
-                let mut write = std::pin::pin!(sender.send_batch(&mut batch));
-                crate::poll_once(write.as_mut()).await
-            };
-            if let Poll::Ready(result) = first {
-                writer.sender = Some(sender);
-                self.record_write(upto, result);
-                batch.clear();
-                writer.spare = batch;
-                continue;
-            }
-            writer.in_flight = Some(Self::write_later(sender, batch, upto));
+            // Tried at once, with no reading alongside; a write that has to wait is finished
+            // by `finish_write` at the top of the loop. Its error, if any, has failed every
+            // call: the state check above returns it on the next turn.
+            let w = &mut *writer;
+            let _ = std::future::poll_fn(|cx| Poll::Ready(self.write_once(w, upto, cx))).await;
         }
     }
 
@@ -669,19 +670,35 @@ impl<S: MessageSender> Shared<S> {
         }
     }
 
-    /// Drives a started write to its end and records what became of it.
+    /// Drives an unfinished write to its end (the rest of what the first try left
+    /// half-written, then the messages it did not take) and records what became of it.
     async fn finish_write(self: &Arc<Self>, writer: &mut Writer<S>) {
-        let Some(write) = writer.in_flight.as_mut() else {
+        let Some(upto) = writer.unfinished else {
             return;
         };
         let mut finish = FinishOnDrop {
             shared: self,
             armed: true,
         };
-        let (sender, upto, result) = self.read_while(write).await;
+        // Replies are read meanwhile only if one may come: a peer blocked on writing one to
+        // us would otherwise not drain this write. Without any (a stream of oneway calls) the
+        // write is awaited alone.
+        let owes_nothing = self.state().owes_nothing();
+        let result = {
+            let Writer { sender, batch, .. } = &mut *writer;
+            let mut write = std::pin::pin!(async {
+                sender.flush().await?;
+                sender.send_batch(batch).await
+            });
+            if owes_nothing {
+                write.await
+            } else {
+                self.read_while(&mut write).await
+            }
+        };
         finish.armed = false;
-        writer.in_flight = None;
-        writer.sender = Some(sender);
+        writer.unfinished = None;
+        writer.batch.clear();
         self.record_write(upto, result);
     }
 }
@@ -745,9 +762,10 @@ impl<S: MessageSender> Drop for FinishOnDrop<'_, S> {
 /// call to read next (no channel per call and no async lock: uds `recv` of 64 KiB with 16
 /// calls in flight ran ~800 fewer client instructions per call than with a oneshot channel
 /// per call and a tokio mutex around the receiver). A write the peer does not drain reads replies
-/// meanwhile, so a peer that waits for its replies to be taken cannot stall it. With no call
-/// waiting nothing reads: a connection that died while idle fails the next call (its write or
-/// its read).
+/// meanwhile, so a peer that waits for its replies to be taken cannot stall it; when no reply
+/// can come (no call in flight, none gone unanswered: a stream of oneway calls) it waits for
+/// the write alone. With no call waiting nothing reads: a connection that died while idle
+/// fails the next call (its write or its read).
 ///
 /// When the connection dies, every pending call fails with [`RpcError::ConnectionClosed`] or
 /// [`RpcError::ConnectionLost`], and so does every later call. Calls run on a tokio runtime
@@ -776,9 +794,9 @@ impl<S: MessageSender> RpcClient<S> {
             max_message_size: sender.max_message_size(),
             pool: sender.buffer_pool(),
             writer: tokio::sync::Mutex::new(Writer {
-                sender: Some(sender),
-                in_flight: None,
-                spare: Vec::new(),
+                sender,
+                unfinished: None,
+                batch: Vec::new(),
             }),
             outbox: Mutex::new(Outbox {
                 queue: Vec::new(),
@@ -791,6 +809,7 @@ impl<S: MessageSender> RpcClient<S> {
                 inbox: Some(Box::new(receiver)),
                 want_inbox: VecDeque::new(),
                 writer_waker: None,
+                orphaned: false,
             }),
             next_id: AtomicU64::new(1),
             slots: Semaphore::new(config.max_in_flight.clamp(1, Semaphore::MAX_PERMITS)),
@@ -866,9 +885,7 @@ impl<S: MessageSender> RpcClient<S> {
     /// has taken the message.
     pub async fn oneway(&self, method: u32, payload: Bytes) -> Result<(), RpcError> {
         self.check_size(payload.len())?;
-        if let Some(e) = &self.shared.state().closed {
-            return Err(e.clone());
-        }
+        // A connection that has ended fails the call in `send`.
         let header = RpcHeader::new(Kind::Oneway, method, 0, payload.len());
         self.shared
             .send(Message::new(HeaderBytes::from(header.encode()), payload))
@@ -923,10 +940,7 @@ impl<S: MessageSender> RpcClient<S> {
             .await;
         let mut writer = self.shared.writer.lock().await;
         self.shared.finish_write(&mut writer).await;
-        match writer.sender.as_mut() {
-            Some(sender) => sender.close().await.map_err(RpcError::from),
-            None => Ok(()),
-        }
+        writer.sender.close().await.map_err(RpcError::from)
     }
 
     fn check_size(&self, payload_len: usize) -> Result<(), RpcError> {
@@ -1510,11 +1524,18 @@ mod tests {
         assert_eq!((h.kind, h.request_id), (Kind::Cancel, ids[1]));
     }
 
+    /// What the client writes after giving up on a call, in
+    /// [`late_reply_while_writing`].
+    #[derive(Clone, Copy, PartialEq)]
+    enum Then {
+        Call,
+        Oneway,
+    }
+
     /// A server that writes a large late reply (to a call that gave up) and reads nothing
-    /// until that reply is taken, while the client writes a large request: the write reads
-    /// the late reply meanwhile, so neither side waits for the other forever.
-    #[tokio::test]
-    async fn a_write_the_server_does_not_drain_reads_replies_meanwhile() {
+    /// until that reply is taken, while the client writes a large request (`then`): the write
+    /// reads the late reply meanwhile, so neither side waits for the other forever.
+    async fn late_reply_while_writing(then: Then) {
         const BIG: usize = 4 << 20; // four times the in-memory pipe's capacity
         let (client_end, server_end) = Duplex::pair(8 << 20);
         let client = RpcClient::new(client_end, ClientConfig::default());
@@ -1534,19 +1555,22 @@ mod tests {
             .await
             .expect("the late reply is taken");
             loop {
-                let m = rx.recv().await.expect("recv").expect("call b");
+                let m = rx.recv().await.expect("recv").expect("message b");
                 let h = RpcHeader::decode(m.header.as_slice()).expect("header");
-                if h.kind != Kind::Request {
-                    continue; // a's cancel
+                match h.kind {
+                    Kind::Oneway => break,
+                    Kind::Request => {
+                        let reply = RpcHeader::new(Kind::Response, 1, h.request_id, 2);
+                        tx.send(Message::new(
+                            HeaderBytes::from(reply.encode()),
+                            Bytes::from_static(b"ok"),
+                        ))
+                        .await
+                        .expect("reply b");
+                        break;
+                    }
+                    _ => continue, // a's cancel
                 }
-                let reply = RpcHeader::new(Kind::Response, 1, h.request_id, 2);
-                tx.send(Message::new(
-                    HeaderBytes::from(reply.encode()),
-                    Bytes::from_static(b"ok"),
-                ))
-                .await
-                .expect("reply b");
-                break;
             }
             rx.recv().await
         });
@@ -1562,15 +1586,59 @@ mod tests {
             "{gave_up:?}"
         );
         gave_up_tx.send(()).expect("server waits");
-        let b = tokio::time::timeout(
-            Duration::from_secs(10),
-            client.call(1, Bytes::from(vec![1u8; BIG])),
-        )
+        let big = Bytes::from(vec![1u8; BIG]);
+        let b = tokio::time::timeout(Duration::from_secs(10), async {
+            match then {
+                Then::Call => client.call(1, big).await,
+                Then::Oneway => client.oneway(1, big).await.map(|()| Bytes::new()),
+            }
+        })
         .await
-        .expect("the large call is not stuck behind the late reply")
-        .expect("call b");
-        assert_eq!(b, Bytes::from_static(b"ok"));
+        .expect("the large write is not stuck behind the late reply")
+        .expect("message b");
+        if then == Then::Call {
+            assert_eq!(b, Bytes::from_static(b"ok"));
+        }
         drop(client);
         let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+    }
+
+    #[tokio::test]
+    async fn a_write_the_server_does_not_drain_reads_replies_meanwhile() {
+        late_reply_while_writing(Then::Call).await;
+    }
+
+    /// No call is in flight during the oneway, but one went away unanswered: its late reply
+    /// may still come, so the blocked oneway write reads too.
+    #[tokio::test]
+    async fn a_oneway_the_server_does_not_drain_reads_late_replies_meanwhile() {
+        late_reply_while_writing(Then::Oneway).await;
+    }
+
+    /// A oneway write the peer does not take at once, with no call in flight and none gone
+    /// unanswered: no answer can come, so it waits for the write alone and leaves the
+    /// receiving half where it is.
+    #[tokio::test]
+    async fn a_blocked_oneway_with_nothing_owed_leaves_the_receiver_alone() {
+        let (client_end, server_end) = Duplex::pair_with_pipe(1 << 20, 4096);
+        let client = RpcClient::new(client_end, ClientConfig::default());
+        let (_tx, mut rx) = server_end.split();
+        let mut oneway = Box::pin(client.oneway(1, Bytes::from(vec![3u8; 64 << 10])));
+        let waker = Waker::noop();
+        assert!(
+            poll_until_parked(&mut oneway, waker).is_pending(),
+            "the pipe holds 4 KiB: the write waits"
+        );
+        assert!(
+            client.shared.state().inbox.is_some(),
+            "the blocked oneway took the receiving half"
+        );
+        let (sent, got) = tokio::join!(
+            tokio::time::timeout(Duration::from_secs(10), oneway),
+            rx.recv()
+        );
+        sent.expect("bounded").expect("oneway taken");
+        let got = got.expect("recv").expect("the oneway");
+        assert_eq!(got.payload.len(), 64 << 10);
     }
 }
