@@ -538,12 +538,28 @@ fn json_out_and_merge_print_two_runs_in_one_table() {
     assert!(stderr(&o).contains("none.json"), "{}", stderr(&o));
 }
 
+/// Runs `args` (which hold `--json`) on uds and tcp and returns the report's two transports,
+/// once the run succeeded and its `settings[setting]` is `value`; then runs the same without
+/// `--json` and returns the table it prints.
+fn json_then_table(args: &[&str], setting: &str, value: &str) -> (Vec<serde_json::Value>, String) {
+    let o = bench(args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is JSON");
+    assert_eq!(v["settings"][setting], value, "{v}");
+    let transports = v["transports"].as_array().unwrap().clone();
+    assert_eq!(transports.len(), 2, "{v}");
+    let table: Vec<&str> = args.iter().copied().filter(|a| *a != "--json").collect();
+    let o = bench(&table);
+    assert!(o.status.success(), "{}", stderr(&o));
+    (transports, String::from_utf8(o.stdout).unwrap())
+}
+
 /// `--rpc-io blocking` measures the RPC rows with the blocking client and server: every op
 /// answers, the JSON and the tables say which RPC was measured, the client's system calls
 /// are counted, and `bench client` refuses it.
 #[test]
 fn rpc_io_blocking_measures_the_blocking_client_and_server() {
-    let mut args = vec![
+    let args = [
         "--rpc-io",
         "blocking",
         "--json",
@@ -561,13 +577,8 @@ fn rpc_io_blocking_measures_the_blocking_client_and_server() {
         "256K",
         "--no-progress",
     ];
-    let o = bench(&args);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is JSON");
-    assert_eq!(v["settings"]["rpc_io"], "blocking", "{v}");
-    let transports = v["transports"].as_array().unwrap();
-    assert_eq!(transports.len(), 2, "{v}");
-    for t in transports {
+    let (transports, out) = json_then_table(&args, "rpc_io", "blocking");
+    for t in &transports {
         assert_eq!(t["ping"]["rpc"]["calls"], 40, "{t}");
         assert!(t["ping"]["rpc"]["p50_us"].as_f64().unwrap() > 0.0, "{t}");
         let cells = t["cells"].as_array().unwrap();
@@ -582,10 +593,6 @@ fn rpc_io_blocking_measures_the_blocking_client_and_server() {
             }
         }
     }
-    args.retain(|a| *a != "--json");
-    let o = bench(&args);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = String::from_utf8(o.stdout).unwrap();
     assert!(out.contains("RPC: blocking"), "{out}");
 
     let o = bench(&["client", "127.0.0.1:1", "--rpc-io", "blocking"]);
@@ -600,7 +607,7 @@ fn rpc_io_blocking_measures_the_blocking_client_and_server() {
 /// measured.
 #[test]
 fn raw_twoway_exchange_answers_every_message() {
-    let mut args = vec![
+    let args = [
         "--raw-twoway",
         "exchange",
         "--json",
@@ -616,13 +623,8 @@ fn raw_twoway_exchange_answers_every_message() {
         "256K",
         "--no-progress",
     ];
-    let o = bench(&args);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is JSON");
-    assert_eq!(v["settings"]["raw_twoway"], "exchange", "{v}");
-    let transports = v["transports"].as_array().unwrap();
-    assert_eq!(transports.len(), 2, "{v}");
-    for t in transports {
+    let (transports, out) = json_then_table(&args, "raw_twoway", "exchange");
+    for t in &transports {
         let cells = t["cells"].as_array().unwrap();
         // 3 ops x 2 sizes.
         assert_eq!(cells.len(), 6, "{t}");
@@ -635,10 +637,6 @@ fn raw_twoway_exchange_answers_every_message() {
             }
         }
     }
-    args.retain(|a| *a != "--json");
-    let o = bench(&args);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = String::from_utf8(o.stdout).unwrap();
     assert!(
         out.contains("--raw-twoway exchange: send answered"),
         "{out}"

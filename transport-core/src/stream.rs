@@ -252,15 +252,6 @@ impl<W: AsyncWrite + Unpin + Send + 'static> MessageSender for StreamSender<W> {
     }
 
     async fn send_batch(&mut self, msgs: &mut Vec<Message>) -> Result<(), TransportError> {
-        if msgs.len() == 1 {
-            // A lone caller's batch: queued as `send` does, without the loops below.
-            self.encoder.check(&msgs[0])?;
-            let frame = self
-                .encoder
-                .encode_frame(msgs.pop().expect("one message"))?;
-            self.queue.push_back(frame);
-            return self.write_queue().await;
-        }
         // All or nothing: a message over the limit fails the batch before any is queued.
         for m in msgs.iter() {
             self.encoder.check(m)?;
