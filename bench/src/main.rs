@@ -65,11 +65,13 @@
 mod blocking;
 mod doctor;
 mod link;
+mod machine;
 mod measure;
 mod os;
 mod plot;
 mod proto;
 mod report;
+mod results;
 mod scenario_cmd;
 mod suite;
 mod sys;
@@ -113,6 +115,25 @@ struct Cli {
     run: RunArgs,
 }
 
+/// How `bench merge` and `bench results write` describe the machine the guest's rows come from.
+pub(crate) const MERGE_MACHINE: &str = "in the soft-RoCE guest under QEMU software emulation";
+
+/// `bench results ...`.
+#[derive(Subcommand, Debug)]
+enum ResultsCommand {
+    /// Record a run as the results page, its JSON and plot, and the README's block.
+    Write(results::WriteArgs),
+    /// Fail unless the results page, its plot and the README's block match the recorded JSON.
+    Check {
+        /// The results directory.
+        #[arg(long, default_value = "docs/results")]
+        dir: PathBuf,
+        /// The README holding the block.
+        #[arg(long, default_value = "README.md")]
+        readme: PathBuf,
+    },
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Client and server in this process, over every available transport (the default).
@@ -145,15 +166,18 @@ enum Command {
         #[arg(required = true)]
         emulated: Vec<PathBuf>,
         /// How the emulated machine is described in the notes.
-        #[arg(
-            long,
-            default_value = "in the soft-RoCE guest under QEMU software emulation"
-        )]
+        #[arg(long, default_value = MERGE_MACHINE)]
         machine: String,
         /// Print the merged report as JSON instead of tables.
         #[arg(long)]
         json: bool,
     },
+    /// The results page: `write` records a run (the host's and the guest's `--json-out`
+    /// reports) as docs/results/ and the README's block (`cargo xtask bench --record` calls
+    /// it); `check` fails when the page, the plot or the README's block differ from what the
+    /// recorded JSON renders to.
+    #[command(subcommand)]
+    Results(ResultsCommand),
     /// Check the environment and say what to fix.
     Doctor {
         /// Print the findings as JSON.
@@ -443,6 +467,16 @@ fn main() -> ExitCode {
             machine,
             json,
         }) => merge(&base, &emulated, &machine, json),
+        Some(Command::Results(ResultsCommand::Write(a))) => results::write_from_files(&a),
+        Some(Command::Results(ResultsCommand::Check { dir, readme })) => {
+            results::check(&dir, &readme).map(|()| {
+                println!(
+                    "{} and the block of {} match their JSON",
+                    dir.display(),
+                    readme.display()
+                )
+            })
+        }
         Some(Command::Doctor { json }) => doctor::run(json),
     };
     match result {
@@ -776,6 +810,7 @@ fn finish(
         .collect();
     let report = Report {
         version: env!("CARGO_PKG_VERSION").to_string(),
+        machine: Some(machine::Machine::here()),
         placement,
         settings,
         transports,

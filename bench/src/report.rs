@@ -76,6 +76,9 @@ pub struct Diagnosis {
 pub struct Report {
     /// Tool version.
     pub version: String,
+    /// The machine it was measured on (absent in reports of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<crate::machine::Machine>,
     /// Placement of client and server.
     pub placement: Placement,
     /// What was measured.
@@ -102,7 +105,7 @@ pub fn size_label(n: usize) -> String {
     }
 }
 
-fn num(v: f64) -> String {
+pub(crate) fn num(v: f64) -> String {
     if v >= 100.0 {
         format!("{v:.0}")
     } else if v >= 10.0 {
@@ -112,7 +115,7 @@ fn num(v: f64) -> String {
     }
 }
 
-fn stat(s: &Stat) -> String {
+pub(crate) fn stat(s: &Stat) -> String {
     format!("{} ({}-{})", num(s.median), num(s.min), num(s.max))
 }
 
@@ -1070,6 +1073,7 @@ pub(crate) mod tests {
         };
         Report {
             version: "test".into(),
+            machine: None,
             placement: placement(),
             settings,
             transports,
