@@ -2,13 +2,17 @@
 //!
 //! ```text
 //! cargo xtask bench [ARGS]   install what the build needs, then run the `bench` comparison
+//! cargo xtask bench --record the fixed comparison recorded as docs/results/ and the README's block
 //! cargo xtask test           install what is needed, then run every check and test suite
 //!                            (fmt, clippy, workspace tests, the verbs suite in the soft-RoCE guest)
 //! cargo xtask deps           only install / check the system packages
+//! cargo xtask docs           check the docs: links resolve, README and reference pages within size
 //! cargo xtask testbed ...    the soft-RoCE QEMU test bed (see `cargo xtask testbed --help`)
 //! ```
 
 mod deps;
+mod docs;
+mod record;
 mod testbed;
 mod util;
 
@@ -22,6 +26,7 @@ fn main() -> ExitCode {
     };
     let result = match cmd {
         "deps" => deps::ensure_build_deps(),
+        "docs" => docs::run(),
         "test" => run_tests(rest),
         "bench" => run_bench(rest),
         "testbed" => testbed::main(rest),
@@ -47,8 +52,10 @@ fn print_help() {
         "cargo xtask <command>\n\n\
          commands:\n  \
          bench [ARGS]   install build dependencies, then `cargo run --release -p bench -- ARGS`; without\n                 an RDMA device, then the verbs rows in the soft-RoCE guest (--no-guest: not)\n  \
+         bench --record the fixed comparison, recorded as docs/results/ (page, JSON, plot) and the\n                 README's results block\n  \
          test           install dependencies, then fmt + clippy + workspace tests + verbs suite in the soft-RoCE guest\n  \
          deps           install (as root) or list (otherwise) the system packages the build needs\n  \
+         docs           check the docs: links and anchors resolve, README <= 12 KiB, pages <= 20 KiB\n  \
          testbed ...    the soft-RoCE QEMU test bed (`cargo xtask testbed help`)"
     );
 }
@@ -61,6 +68,7 @@ fn run_tests(args: &[String]) -> Result<(), String> {
     let skip_verbs = args.iter().any(|a| a == "--no-verbs");
     deps::ensure_build_deps()?;
     util::run("cargo", &["fmt", "--all", "--check"])?;
+    docs::run()?;
     util::run(
         "cargo",
         &[
@@ -97,6 +105,9 @@ fn run_tests(args: &[String]) -> Result<(), String> {
 /// with the host's rows (`bench merge`); `--no-guest` skips that.
 fn run_bench(args: &[String]) -> Result<(), String> {
     deps::ensure_build_deps()?;
+    if args.iter().any(|a| a == "--record") {
+        return record::run(args);
+    }
     let no_guest = args.iter().any(|a| a == "--no-guest");
     let args: Vec<String> = args
         .iter()
@@ -121,7 +132,7 @@ fn run_bench(args: &[String]) -> Result<(), String> {
          (QEMU software emulation: compare with perftest's figures of the same boot, not with \
          the host's rows; --no-guest skips this)"
     );
-    let guest_report = testbed::bench_in_guest(&bench, &args)?;
+    let guest_report = testbed::bench_in_guest(&bench, &args)?.json;
     if guest_report.trim().is_empty() {
         return Err("the guest's bench printed no report to merge".into());
     }
@@ -170,7 +181,7 @@ fn wants_verbs(args: &[String]) -> bool {
 }
 
 /// Whether this host has an RDMA device (`/sys/class/infiniband` lists one).
-fn has_rdma_device() -> bool {
+pub(crate) fn has_rdma_device() -> bool {
     std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
 }
 

@@ -65,6 +65,38 @@ pub fn run_with_timeout(program: &str, args: &[&str], limit: Duration) -> Result
     }
 }
 
+/// The time now, UTC, as `[year, month, day, hour, minute, second]`, without a date crate.
+pub fn utc_now() -> [u64; 6] {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    civil(secs)
+}
+
+/// `[year, month, day, hour, minute, second]` of `secs` after the Unix epoch (Howard Hinnant's
+/// civil-from-days).
+fn civil(secs: u64) -> [u64; 6] {
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    [
+        y as u64,
+        m as u64,
+        d as u64,
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,5 +112,13 @@ mod tests {
             run_with_timeout("sh", &["-c", "sleep 60; true"], Duration::from_secs(1)).unwrap_err();
         assert!(err.contains("did not finish within 1s"), "{err}");
         assert!(start.elapsed() < Duration::from_secs(20));
+    }
+
+    #[test]
+    fn civil_dates_are_right_across_a_leap_day() {
+        assert_eq!(super::civil(0), [1970, 1, 1, 0, 0, 0]);
+        // 2024-02-29 23:59:59 and the second after it.
+        assert_eq!(super::civil(1_709_251_199), [2024, 2, 29, 23, 59, 59]);
+        assert_eq!(super::civil(1_709_251_200), [2024, 3, 1, 0, 0, 0]);
     }
 }

@@ -50,29 +50,10 @@ impl Log {
     }
 }
 
-/// `YYYYMMDD-HHMMSS` (UTC) without a date crate.
+/// `YYYYMMDD-HHMMSS` (UTC).
 pub fn timestamp() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    let [y, m, d, hh, mm, ss] = crate::util::utc_now();
+    format!("{y:04}{m:02}{d:02}-{hh:02}{mm:02}{ss:02}")
 }
 
 /// A virtio NIC on a "wire" to the peer guest: this guest's end of a Unix stream socket pair,

@@ -73,7 +73,7 @@ pub(crate) fn target_dir() -> PathBuf {
         .unwrap_or_else(|| repo_root().join("target"))
 }
 
-fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest.parent().unwrap_or(manifest).to_path_buf()
 }
@@ -561,8 +561,9 @@ pub fn guest_bench_args(user: &[String]) -> Vec<String> {
 /// bench's verbs rows (`bench` built for the host, shared read-only), all in one boot.
 /// Figures under emulation mean nothing absolute: compare them with perftest's of the same boot.
 ///
-/// Returns the guest bench's report as JSON (its `--json-out`), for `bench merge`.
-pub fn bench_in_guest(bench: &Path, user_args: &[String]) -> Result<String, String> {
+/// Returns the guest bench's report as JSON (its `--json-out`), for `bench merge`, and
+/// perftest's result rows as `(step, figure)`.
+pub fn bench_in_guest(bench: &Path, user_args: &[String]) -> Result<GuestBench, String> {
     let started = Instant::now();
     let bed = Bed::prepare()?;
     let share = bed.new_share()?;
@@ -648,7 +649,22 @@ pub fn bench_in_guest(bench: &Path, user_args: &[String]) -> Result<String, Stri
         &log,
     )?;
     report(&outcomes, &log, started)?;
-    Ok(outcomes.iter().map(guest::Outcome::data).collect())
+    Ok(GuestBench {
+        json: outcomes.iter().map(guest::Outcome::data).collect(),
+        perftest: outcomes
+            .iter()
+            .flat_map(guest::Outcome::figures)
+            .filter(|(step, _)| step.starts_with("perftest:"))
+            .collect(),
+    })
+}
+
+/// What [`bench_in_guest`] brings back from the guest.
+pub struct GuestBench {
+    /// The bench's report, as JSON.
+    pub json: String,
+    /// perftest's result rows of the same boot, `(step, figure)`.
+    pub perftest: Vec<(String, String)>,
 }
 
 /// Runs the verbs test suite in the guest. Fails (never skips) when the bed cannot run.
