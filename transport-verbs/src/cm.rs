@@ -14,10 +14,11 @@ use sideway::rdmacm::communication_manager::{
 use tokio::sync::mpsc;
 use transport_core::TransportError;
 
+use crate::caps::ExposurePath;
 use crate::config::VerbsConfig;
 use crate::cq_pump::CqRoute;
 use crate::domain::{Domains, Member};
-use crate::ffi::{Access, Endpoint, OwnedRegion, RawQp, RecvQueue, CTRL_SLOT};
+use crate::ffi::{Access, Endpoint, ExposeBy, OwnedRegion, RawQp, RecvQueue, CTRL_SLOT};
 use crate::pool::{Pool, PoolBuf};
 
 /// The verbs resources of one connection.
@@ -30,8 +31,12 @@ pub(crate) struct Resources {
     pub(crate) device: String,
     /// Counts this connection in its domain; dropped after the endpoint.
     pub(crate) member: Member,
-    /// RDMA READs the queue pair keeps outstanding and serves at once (announced in HELLO).
-    pub(crate) read_depth: u8,
+    /// The transport's settings with what the device's paths decide applied (receive depth,
+    /// inline size, READ depth, chunk, exposure): what this connection uses.
+    pub(crate) cfg: Arc<VerbsConfig>,
+    /// Whether this side made the connection (it sends the first message: iWARP requires
+    /// the connecting side to, and both sides follow the rule everywhere).
+    pub(crate) speaks_first: bool,
 }
 
 /// Where a connection's queue pair receives.
@@ -57,10 +62,11 @@ pub(crate) struct Established {
 
 /// Posts the initial receive buffers (before the peer can send); nothing to do for a queue
 /// pair that receives through the device's shared receive queue (filled when it was made).
-fn prepost(mut r: Resources, cfg: &VerbsConfig) -> Result<Resources, TransportError> {
+fn prepost(mut r: Resources) -> Result<Resources, TransportError> {
     if r.ep.receives_shared() {
         return Ok(r);
     }
+    let cfg = r.cfg.clone();
     for _ in 0..cfg.recv_depth {
         let b = r.pool.get_recv(cfg.recv_buf_size())?;
         if r.ep.stage_recv(b).is_err() {
@@ -114,6 +120,38 @@ impl CmChannel {
 
 /// How often the pump checks whether anything but itself still holds the channel.
 const PUMP_EXIT_CHECK: Duration = Duration::from_secs(1);
+
+/// The local IPv4 addresses (loopback excluded) that rdma_cm maps to an RDMA device, with the
+/// device's name: each is bound once on a throw-away identifier (no port is taken: port 0 and
+/// no listen). This finds every transport's address, iWARP's too, whose GIDs carry no IP.
+pub(crate) fn rdma_addresses() -> Result<Vec<(String, std::net::IpAddr)>, TransportError> {
+    use sideway::ibverbs::device::DeviceInfo as _;
+    let ips: Vec<std::net::IpAddr> = nix::ifaddrs::getifaddrs()
+        .map_err(|e| cm_err("getifaddrs", &"-", e))?
+        .filter_map(|i| {
+            i.address?
+                .as_sockaddr_in()
+                .map(|a| std::net::IpAddr::V4(a.ip()))
+        })
+        .filter(|ip| !ip.is_loopback())
+        .collect();
+    let ch = EventChannel::new().map_err(|e| cm_err("rdma_create_event_channel", &"-", e))?;
+    let mut out = Vec::new();
+    for ip in ips {
+        let id = ch
+            .create_id(sideway::rdmacm::communication_manager::PortSpace::Tcp)
+            .map_err(|e| cm_err("rdma_create_id", &ip, e))?;
+        if id.bind_addr(SocketAddr::new(ip, 0)).is_err() {
+            continue;
+        }
+        if let Some(ctx) = id.get_device_context() {
+            if !out.iter().any(|(_, a)| *a == ip) {
+                out.push((ctx.name(), ip));
+            }
+        }
+    }
+    Ok(out)
+}
 
 /// Makes an event channel and starts its pump thread. The pump ends once nothing but itself
 /// holds the channel (the transport and every identifier created on it are gone).
@@ -253,6 +291,8 @@ fn resources(
             e,
         )
     })?;
+    let cfg = domain.paths.apply(cfg);
+    let cfg = &cfg;
     let pd = domain.pd.clone();
     let recv = match (mode, &domain.srq) {
         (RecvMode::Shared, Some(s)) => RecvQueue::Shared(s.clone()),
@@ -296,6 +336,11 @@ fn resources(
         cfg.send_depth,
         recv.clone(),
         inline as usize,
+        match domain.paths.exposure {
+            ExposurePath::MemoryWindow => ExposeBy::Window,
+            ExposurePath::Registration => ExposeBy::Registration,
+        },
+        domain.paths.read_sink_remote_write,
     );
     let posted = match recv {
         RecvQueue::Shared(_) => 0,
@@ -310,7 +355,8 @@ fn resources(
         metrics,
         device,
         member,
-        read_depth: domain.read_depth,
+        cfg: Arc::new(cfg.clone()),
+        speaks_first: true,
     })
 }
 
@@ -349,10 +395,10 @@ fn to_state(
             attr.setup_min_rnr_timer(MIN_RNR_TIMER);
             // rdma_cm's default conn_param serves one READ at a time; the engine keeps no
             // more READs in flight than the peer announces it serves (HELLO).
-            attr.setup_max_dest_read_atomic(r.read_depth);
+            attr.setup_max_dest_read_atomic(r.cfg.read_depth as u8);
         }
         if state == QueuePairState::ReadyToSend {
-            attr.setup_max_read_atomic(r.read_depth);
+            attr.setup_max_read_atomic(r.cfg.read_depth as u8);
         }
         attr
     };
@@ -399,7 +445,7 @@ pub(crate) async fn connect(
         let mut r = resources(&id, &cfg, &domains, &addr, mode)?;
         to_state(&mut r, &id, QueuePairState::Init, &addr)?;
         // Receives are posted before the peer can send anything.
-        let mut r = prepost(r, &cfg)?;
+        let mut r = prepost(r)?;
         {
             let mut param = ConnectionParameter::default();
             param.setup_qp_number(r.ep.qp_number());
@@ -525,8 +571,9 @@ pub(crate) async fn accept(
     let addr = listen_addr;
     let result = async {
         let mut r = resources(&id, &cfg, &domains, &addr, mode)?;
+        r.speaks_first = false;
         to_state(&mut r, &id, QueuePairState::Init, &addr)?;
-        let mut r = prepost(r, &cfg)?;
+        let mut r = prepost(r)?;
         to_state(&mut r, &id, QueuePairState::ReadyToReceive, &addr)?;
         to_state(&mut r, &id, QueuePairState::ReadyToSend, &addr)?;
         {

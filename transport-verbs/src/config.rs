@@ -15,6 +15,55 @@ pub const DEFAULT_POLL_SPIN: Duration = Duration::from_millis(10);
 /// Default of [`VerbsConfig::poll_together_from`] (measured in docs/scenarios.md).
 pub const DEFAULT_POLL_TOGETHER_FROM: usize = 128;
 
+/// How rendezvous payloads are exposed to the peer's RDMA READ ([`VerbsConfig::exposure`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Exposure {
+    /// Memory windows where a type-2 window binds on the device, else registrations (see
+    /// [`crate::Paths::choose`]).
+    #[default]
+    Auto,
+    /// Type-2 memory windows, bound to the connection's queue pair for one payload; on a
+    /// device without them every rendezvous fails.
+    MemoryWindow,
+    /// A registration of exactly the payload, remote read only, for the transfer; each
+    /// connection then has a protection domain of its own (so no other connection's queue pair
+    /// can use the key) and its own receive buffers.
+    Registration,
+}
+
+/// The environment variable that overrides [`VerbsConfig::exposure`]'s default: `auto`,
+/// `window` or `registration` (as `UCX_TLS` or `FI_PROVIDER` choose paths without code
+/// changes). An unknown value makes [`VerbsConfig::validate`] fail.
+pub const EXPOSURE_ENV: &str = "TRANSPORT_VERBS_EXPOSURE";
+
+impl Exposure {
+    /// The exposure [`EXPOSURE_ENV`] names, `Auto` when it is unset; an error for an unknown
+    /// value.
+    pub fn from_env() -> Result<Exposure, String> {
+        match std::env::var(EXPOSURE_ENV) {
+            Ok(v) => v.parse().map_err(|e| format!("{EXPOSURE_ENV}: {e}")),
+            Err(_) => Ok(Exposure::Auto),
+        }
+    }
+}
+
+impl std::str::FromStr for Exposure {
+    type Err = String;
+
+    /// `auto`, `window` (or `memory-window`), `registration`.
+    fn from_str(s: &str) -> Result<Exposure, String> {
+        match s {
+            "auto" => Ok(Exposure::Auto),
+            "window" | "memory-window" => Ok(Exposure::MemoryWindow),
+            "registration" => Ok(Exposure::Registration),
+            other => Err(format!(
+                "unknown exposure `{other}` (auto, window, registration)"
+            )),
+        }
+    }
+}
+
 /// Settings of the verbs transport. Both sides may differ: buffer sizes are exchanged.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -111,6 +160,10 @@ pub struct VerbsConfig {
     pub linger: Duration,
     /// Listen backlog.
     pub backlog: i32,
+    /// How rendezvous payloads are exposed to the peer: memory windows where the device binds
+    /// them, registrations elsewhere (`Auto`), or one of the two forced. The default is
+    /// `Auto`, or what [`EXPOSURE_ENV`] names.
+    pub exposure: Exposure,
 }
 
 impl Default for VerbsConfig {
@@ -140,6 +193,7 @@ impl Default for VerbsConfig {
             connect_timeout: Duration::from_secs(5),
             linger: Duration::from_secs(10),
             backlog: 128,
+            exposure: Exposure::from_env().unwrap_or_default(),
         }
     }
 }
@@ -161,6 +215,9 @@ impl VerbsConfig {
 
     /// Checks the settings against what the protocol accepts ([`VerbsError::Config`]).
     pub fn validate(&self) -> Result<(), VerbsError> {
+        if let Err(e) = Exposure::from_env() {
+            return Err(VerbsError::Setting(e));
+        }
         let depth = engine::MIN_DEPTH as usize..=engine::MAX_DEPTH as usize;
         if !depth.contains(&self.recv_depth) {
             return Err(VerbsError::Config("recv_depth must be within 4..=16384"));
@@ -202,10 +259,11 @@ impl VerbsConfig {
 }
 
 impl VerbsConfig {
-    /// The engine's settings for this configuration, on a device that serves `read_depth`
-    /// READs at once (`read_depth` within the device's limits).
-    pub(crate) fn engine_config(&self, read_depth: u8) -> engine::EngineConfig {
+    /// The engine's settings for this configuration (with the device's paths applied: see
+    /// `Paths::apply`), on the side that made the connection (`speaks_first`) or accepted it.
+    pub(crate) fn engine_config(&self, speaks_first: bool) -> engine::EngineConfig {
         engine::EngineConfig {
+            speaks_first,
             recv_depth: self.recv_depth as u32,
             recv_buf_size: self.recv_buf_size(),
             max_message_size: self.max_message_size,
@@ -220,7 +278,7 @@ impl VerbsConfig {
             handshake_timeout: self.handshake_timeout,
             rendezvous_timeout: self.rendezvous_timeout,
             linger: self.linger,
-            read_depth: u32::from(read_depth),
+            read_depth: self.read_depth.clamp(1, 255) as u32,
         }
     }
 

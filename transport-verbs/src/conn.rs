@@ -201,10 +201,7 @@ impl VerbsConnection {
 }
 
 /// Starts the driver of an established connection.
-pub(crate) fn start(
-    est: Established,
-    cfg: Arc<VerbsConfig>,
-) -> Result<VerbsConnection, TransportError> {
+pub(crate) fn start(est: Established) -> Result<VerbsConnection, TransportError> {
     let Established {
         res,
         id,
@@ -213,9 +210,11 @@ pub(crate) fn start(
     } = est;
     let (dtx, drx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared::default());
+    // The settings this connection uses: the transport's, with the device's paths applied.
+    let cfg = res.cfg.clone();
     let caps = cfg.capabilities();
     let engine = Engine::new(
-        cfg.engine_config(res.read_depth),
+        cfg.engine_config(res.speaks_first),
         res.metrics.clone(),
         Instant::now(),
     );

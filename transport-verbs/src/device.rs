@@ -164,7 +164,10 @@ impl DeviceInfo {
 }
 
 /// Runs `f`, turning a panic inside the binding into [`VerbsError::Internal`].
-fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, VerbsError>) -> Result<T, VerbsError> {
+pub(crate) fn guarded<T>(
+    what: &str,
+    f: impl FnOnce() -> Result<T, VerbsError>,
+) -> Result<T, VerbsError> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(result) => result,
         Err(payload) => {
@@ -178,7 +181,7 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, VerbsError>) -> Result<T
     }
 }
 
-fn device_list() -> Result<DeviceList, VerbsError> {
+pub(crate) fn device_list() -> Result<DeviceList, VerbsError> {
     let list = DeviceList::new().map_err(|e| match e.0 {
         GetDeviceListErrorKind::Ibverbs(io) => VerbsError::from_device_list_error(io),
         #[allow(unreachable_patterns)] // the enum is non_exhaustive
@@ -209,7 +212,7 @@ pub fn list_devices() -> Result<Vec<DeviceInfo>, VerbsError> {
     })
 }
 
-fn describe(name: &str, ctx: &DeviceContext) -> Result<DeviceInfo, VerbsError> {
+pub(crate) fn describe(name: &str, ctx: &DeviceContext) -> Result<DeviceInfo, VerbsError> {
     let attr = ctx
         .query_device()
         .map_err(|e| VerbsError::verbs("ibv_query_device_ex", name, e))?;

@@ -1,60 +1,64 @@
 //! Resources that belong to a device, not to a connection (libfabric's domain, UCX's worker):
-//! one protection domain per device per transport, with its registered buffer pool and
-//! registration cache, shared by every connection of the transport (and its clones) on that
-//! device. Memory that was per connection (up to `pool_keep_bytes` of idle buffers and
-//! `registration_cache_bytes` of cached registrations each) is now per device.
+//! per device and transport, the device's probed capabilities ([`DeviceCaps`]), one completion
+//! channel and its pump thread, and the protection domain with its registered buffer pool,
+//! registration cache and shared receive queue.
 //!
-//! Isolation between the connections of one domain does not rest on the protection domain:
-//! no memory region grants remote access (local access and window binding only), and a
-//! payload is exposed only through a type-2 memory window bound to its own connection's queue
-//! pair and invalidated after its FIN (see the crate docs' security model).
+//! With memory-window exposure (the default where a type-2 window binds) every connection of
+//! the transport on the device shares one protection domain: isolation between them does not
+//! rest on it, since no memory region grants remote access (local access and window binding
+//! only) and a payload is exposed only through a window bound to its own connection's queue
+//! pair and invalidated after its FIN. With registration exposure a payload is exposed by a
+//! registration, which every queue pair of its protection domain could use: each connection
+//! then gets a protection domain of its own (with its own pool and receive buffers), so that
+//! another connection's peer cannot read it even with the key (see the crate docs' security
+//! model).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use sideway::ibverbs::device_context::DeviceContext;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 
+use crate::caps::{DeviceCaps, ExposurePath, Paths};
 use crate::config::VerbsConfig;
 use crate::cq_pump::CqPump;
 use crate::ffi::Srq;
 use crate::pool::{PoolBuf, SharedPool};
 
-/// One device's shared resources.
+/// A protection domain and what lives in it: shared by the transport's connections on a
+/// device (memory-window exposure), or one connection's own (registration exposure).
 pub(crate) struct Domain {
     pub(crate) pd: Arc<ProtectionDomain>,
     pub(crate) pool: SharedPool,
     /// The shared receive queue of the transport's connections on this device (`srq_depth`
-    /// buffers of `recv_buf_size()` from the pool), if configured.
+    /// buffers of `recv_buf_size()` from the pool), if its paths have one.
     pub(crate) srq: Option<Arc<Srq<PoolBuf>>>,
-    /// RDMA READs a queue pair keeps outstanding and serves at once: `read_depth` within the
-    /// device's limits.
-    pub(crate) read_depth: u8,
+    /// The path each feature takes for the transport's settings on this device.
+    pub(crate) paths: Paths,
     /// The completion channel of every connection's CQ on this device, and its pump.
     pub(crate) cq_pump: Arc<CqPump>,
     /// Bytes registered by connections for themselves (their send slots), right now.
-    own: Arc<AtomicUsize>,
+    own: AtomicUsize,
     /// Bytes of pool buffers posted as receive buffers by connections, right now.
-    posted: Arc<AtomicUsize>,
+    posted: AtomicUsize,
     /// Connections on this domain right now.
-    connections: Arc<AtomicUsize>,
+    connections: AtomicUsize,
 }
 
 impl Domain {
     /// Counts a connection, `own` bytes it registered for itself and `posted` bytes of pool
     /// buffers it keeps posted for receiving, until the returned guard drops (with the
-    /// connection's endpoint).
-    pub(crate) fn join(&self, own: usize, posted: usize) -> Member {
+    /// connection's endpoint). The guard keeps the domain alive: a connection's own domain
+    /// (registration exposure) lives exactly as long as the connection.
+    pub(crate) fn join(self: &Arc<Self>, own: usize, posted: usize) -> Member {
         self.own.fetch_add(own, Ordering::Relaxed);
         self.posted.fetch_add(posted, Ordering::Relaxed);
         self.connections.fetch_add(1, Ordering::Relaxed);
         Member {
             own_bytes: own,
             posted_bytes: posted,
-            own: self.own.clone(),
-            posted: self.posted.clone(),
-            connections: self.connections.clone(),
+            domain: self.clone(),
         }
     }
 }
@@ -63,23 +67,32 @@ impl Domain {
 pub(crate) struct Member {
     own_bytes: usize,
     posted_bytes: usize,
-    own: Arc<AtomicUsize>,
-    posted: Arc<AtomicUsize>,
-    connections: Arc<AtomicUsize>,
+    domain: Arc<Domain>,
 }
 
 impl Drop for Member {
     fn drop(&mut self) {
-        self.own.fetch_sub(self.own_bytes, Ordering::Relaxed);
-        self.posted.fetch_sub(self.posted_bytes, Ordering::Relaxed);
-        self.connections.fetch_sub(1, Ordering::Relaxed);
+        let d = &self.domain;
+        d.own.fetch_sub(self.own_bytes, Ordering::Relaxed);
+        d.posted.fetch_sub(self.posted_bytes, Ordering::Relaxed);
+        d.connections.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// One device's part of a transport: probed once, then shared by its domains.
+struct DeviceEntry {
+    caps: Arc<DeviceCaps>,
+    cq_pump: Arc<CqPump>,
+    /// The domain every connection shares (memory-window exposure), made on first use.
+    shared: Option<Arc<Domain>>,
+    /// The connections' own domains (registration exposure), while they live.
+    private: Vec<Weak<Domain>>,
 }
 
 /// The domains of one transport, by device context.
 #[derive(Default)]
 pub(crate) struct Domains {
-    by_context: Mutex<HashMap<usize, Arc<Domain>>>,
+    by_context: Mutex<HashMap<usize, DeviceEntry>>,
 }
 
 /// What a transport has registered and how many connections it has, across its devices.
@@ -126,7 +139,9 @@ pub(crate) fn srq_depth_within(depth: usize, size: usize, budget: Option<u64>) -
 }
 
 impl Domains {
-    /// The domain of `ctx`'s device, made on first use (`device` names it in errors).
+    /// The domain for a new connection on `ctx`'s device (`device` names it in errors): the
+    /// device's shared one, or with registration exposure a new one of the connection's own.
+    /// The device is probed on its first connection.
     pub(crate) fn for_context(
         &self,
         ctx: &Arc<DeviceContext>,
@@ -137,69 +152,43 @@ impl Domains {
         // per opened context: the pointer names the device.
         let key = Arc::as_ptr(ctx) as usize;
         let mut map = self.by_context.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(d) = map.get(&key) {
-            return Ok(d.clone());
-        }
-        let pd = ctx.alloc_pd().map_err(std::io::Error::other)?;
-        let pool = SharedPool::new(
-            pd.clone(),
-            device.to_owned(),
-            cfg.pool_keep_bytes,
-            cfg.registration_cache_bytes,
-        );
-        let srq = if cfg.srq_depth > 0 {
-            let pool = pool.for_connection(Arc::default());
-            let size = cfg.recv_buf_size();
-            let depth = srq_depth_within(cfg.srq_depth, size, crate::ffi::memlock_budget());
-            if depth < cfg.srq_depth {
-                tracing::warn!(
-                    device,
-                    configured = cfg.srq_depth,
-                    depth,
-                    memlock_limit = crate::ffi::memlock_limit(),
-                    "shared receive queue made smaller to fit in half of RLIMIT_MEMLOCK; \
-                     raise the limit (ulimit -l) for the configured depth"
-                );
-            }
-            let fresh: crate::ffi::FreshBuf<PoolBuf> =
-                Box::new(move || pool.get_recv(size).map_err(std::io::Error::other));
-            Some(Srq::new(&pd, depth, size, fresh)?)
-        } else {
-            None
+        let entry = match map.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(probe(ctx, device)?),
         };
-        let attr = ctx.query_device().map_err(std::io::Error::other)?;
-        let device_reads = attr.max_qp_rd_atom().min(attr.max_qp_init_rd_atom());
-        let read_depth = cfg
-            .read_depth
-            .min(usize::try_from(device_reads).unwrap_or(1))
-            .clamp(1, 255) as u8;
-        let cq_pump = CqPump::start(ctx, device)?;
-        if let Some(srq) = &srq {
-            // A device that cannot report the queue low still works: buffers then come back
-            // only as each connection polls its CQ.
-            if let Err(e) = cq_pump.watch(srq.clone()) {
-                tracing::warn!(device, error = %e, "the shared receive queue's limit cannot be armed; it is not watched");
+        let paths = entry.caps.paths(cfg);
+        if paths.exposure == ExposurePath::MemoryWindow {
+            if let Some(d) = &entry.shared {
+                return Ok(d.clone());
             }
         }
-        let d = Arc::new(Domain {
-            pd,
-            pool,
-            srq,
-            read_depth,
-            cq_pump,
-            own: Arc::default(),
-            posted: Arc::default(),
-            connections: Arc::default(),
-        });
-        map.insert(key, d.clone());
+        let d = new_domain(ctx, device, cfg, paths, &entry.cq_pump)?;
+        if d.paths.exposure == ExposurePath::MemoryWindow {
+            entry.shared = Some(d.clone());
+        } else {
+            entry.private.retain(|w| w.strong_count() > 0);
+            entry.private.push(Arc::downgrade(&d));
+        }
         Ok(d)
+    }
+
+    /// What each device this transport has connected through can do.
+    pub(crate) fn caps(&self) -> Vec<Arc<DeviceCaps>> {
+        let map = self.by_context.lock().unwrap_or_else(|p| p.into_inner());
+        map.values().map(|e| e.caps.clone()).collect()
     }
 
     /// Memory and connections across every domain of the transport.
     pub(crate) fn memory_use(&self) -> MemoryUse {
         let map = self.by_context.lock().unwrap_or_else(|p| p.into_inner());
         let mut m = MemoryUse::default();
-        for d in map.values() {
+        let domains = map.values().flat_map(|e| {
+            e.shared
+                .iter()
+                .cloned()
+                .chain(e.private.iter().filter_map(Weak::upgrade))
+        });
+        for d in domains {
             let own = d.own.load(Ordering::Relaxed);
             m.connections += d.connections.load(Ordering::Relaxed);
             m.per_connection_bytes += own + d.posted.load(Ordering::Relaxed);
@@ -208,6 +197,77 @@ impl Domains {
         }
         m
     }
+}
+
+/// Probes the device (on a protection domain of its own, released after) and starts its
+/// completion channel's pump.
+fn probe(ctx: &Arc<DeviceContext>, device: &str) -> std::io::Result<DeviceEntry> {
+    let info = crate::device::describe(device, ctx).map_err(std::io::Error::other)?;
+    let pd = ctx.alloc_pd().map_err(std::io::Error::other)?;
+    let caps = DeviceCaps::probe(device, ctx, &pd, &info)?;
+    drop(pd);
+    tracing::debug!(%caps, "verbs device probed");
+    Ok(DeviceEntry {
+        caps: Arc::new(caps),
+        cq_pump: CqPump::start(ctx, device)?,
+        shared: None,
+        private: Vec::new(),
+    })
+}
+
+/// A protection domain with its pool and, where `paths` has one, shared receive queue.
+fn new_domain(
+    ctx: &Arc<DeviceContext>,
+    device: &str,
+    cfg: &VerbsConfig,
+    paths: Paths,
+    cq_pump: &Arc<CqPump>,
+) -> std::io::Result<Arc<Domain>> {
+    let pd = ctx.alloc_pd().map_err(std::io::Error::other)?;
+    let pool = SharedPool::new(
+        pd.clone(),
+        device.to_owned(),
+        cfg.pool_keep_bytes,
+        cfg.registration_cache_bytes,
+        paths.exposure == ExposurePath::MemoryWindow,
+    );
+    let srq = if paths.srq_depth > 0 {
+        let pool = pool.for_connection(Arc::default());
+        let size = cfg.recv_buf_size();
+        let depth = srq_depth_within(paths.srq_depth, size, crate::ffi::memlock_budget());
+        if depth < paths.srq_depth {
+            tracing::warn!(
+                device,
+                configured = paths.srq_depth,
+                depth,
+                memlock_limit = crate::ffi::memlock_limit(),
+                "shared receive queue made smaller to fit in half of RLIMIT_MEMLOCK; \
+                 raise the limit (ulimit -l) for the configured depth"
+            );
+        }
+        let fresh: crate::ffi::FreshBuf<PoolBuf> =
+            Box::new(move || pool.get_recv(size).map_err(std::io::Error::other));
+        Some(Srq::new(&pd, depth, size, fresh)?)
+    } else {
+        None
+    };
+    if let Some(srq) = &srq {
+        // A device that cannot report the queue low still works: buffers then come back
+        // only as each connection polls its CQ.
+        if let Err(e) = cq_pump.watch(srq.clone()) {
+            tracing::warn!(device, error = %e, "the shared receive queue's limit cannot be armed; it is not watched");
+        }
+    }
+    Ok(Arc::new(Domain {
+        pd,
+        pool,
+        srq,
+        paths,
+        cq_pump: cq_pump.clone(),
+        own: AtomicUsize::new(0),
+        posted: AtomicUsize::new(0),
+        connections: AtomicUsize::new(0),
+    }))
 }
 
 #[cfg(test)]

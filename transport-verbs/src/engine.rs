@@ -73,6 +73,10 @@ pub(crate) const MAX_WRS_PER_WORK: usize = 2;
 /// The engine's settings (from [`crate::VerbsConfig`]).
 #[derive(Debug, Clone)]
 pub(crate) struct EngineConfig {
+    /// This side made the connection and sends its HELLO at once; the accepting side sends
+    /// its HELLO only after the peer's has arrived (iWARP's rule that the active side sends
+    /// first, kept on every transport).
+    pub(crate) speaks_first: bool,
     /// Receive buffers posted (credits granted to the peer in total).
     pub(crate) recv_depth: u32,
     /// Size of each posted receive buffer (announced in HELLO).
@@ -788,7 +792,7 @@ impl<P> Engine<P> {
             return Some(Work::Read(r));
         }
         if !self.hello_sent {
-            if self.credits < 1 {
+            if self.credits < 1 || (!self.cfg.speaks_first && self.peer.is_none()) {
                 return None;
             }
             let th = Th::hello(

@@ -58,6 +58,9 @@ pub enum VerbsError {
     /// The configuration cannot work.
     #[error("invalid verbs configuration: {0}")]
     Config(&'static str),
+    /// A setting read from the environment is invalid (its variable and what is wrong).
+    #[error("invalid verbs setting: {0}")]
+    Setting(String),
     /// Connection setup through rdma_cm failed.
     #[error("rdma_cm {op} failed for {addr}: {source}")]
     Cm {

@@ -36,6 +36,7 @@ use sideway::ibverbs::AccessFlags;
 
 use crate::error::WorkRequestKind;
 
+pub(crate) mod probe;
 mod srq;
 pub(crate) use srq::{FreshBuf, RawQp, RecvQueue, Srq};
 
@@ -49,6 +50,9 @@ pub(crate) enum Access {
     /// Written by the device, and a memory window may expose it to the peer for reading:
     /// send buffers and rendezvous targets (a received payload may be sent on).
     Exposable,
+    /// Written by the device, read for sends, exposed to the peer by a registration of its own
+    /// (registration exposure, on devices without type-2 windows): no window binding.
+    Sendable,
 }
 
 impl Access {
@@ -57,6 +61,7 @@ impl Access {
             Access::SendOnly => AccessFlags::none(),
             Access::LocalWrite => AccessFlags::LocalWrite,
             Access::Exposable => AccessFlags::LocalWrite | AccessFlags::MemoryWindowBind,
+            Access::Sendable => AccessFlags::LocalWrite,
         }
     }
 }
@@ -152,10 +157,16 @@ impl UserRegion {
     pub(crate) fn new(
         pd: &Arc<ProtectionDomain>,
         bytes: Bytes,
+        windows: bool,
     ) -> Result<Self, RegisterMemoryRegionError> {
-        // Window binding only: the device reads it for sends and through a bound window;
-        // nothing writes it (so read-only pages work too) and its own rkey grants nothing.
-        let access = AccessFlags::MemoryWindowBind;
+        // Window binding only (or nothing, where payloads are exposed by registrations of
+        // their own): the device reads it for sends and through a bound window; nothing
+        // writes it (so read-only pages work too) and its own rkey grants nothing.
+        let access = if windows {
+            AccessFlags::MemoryWindowBind
+        } else {
+            AccessFlags::none()
+        };
         // SAFETY: `bytes` keeps its memory alive and unchanged (Bytes are immutable) for as long
         // as `Self` exists, and `mr` is dropped before `bytes`. Without local-write access the
         // device never writes it.
@@ -198,7 +209,7 @@ impl HeldBytes {
         HeldBytes {
             bytes,
             mr,
-            exposable: access == Access::Exposable,
+            exposable: matches!(access, Access::Exposable | Access::Sendable),
             _reg: None,
         }
     }
@@ -218,7 +229,8 @@ impl HeldBytes {
         })
     }
 
-    /// Whether a memory window may expose it (its registration allows binding).
+    /// Whether it may be exposed to the peer (a send buffer or user memory, not a receive
+    /// buffer); on the window path its registration also allows binding.
     pub(crate) fn exposable(&self) -> bool {
         self.exposable
     }
@@ -397,24 +409,43 @@ impl Drop for Window {
     }
 }
 
-/// A payload exposed to the peer through a bound window. Field order is drop order: the window
-/// goes (deallocated, so invalidated) before the payload is released.
-struct Exposure {
-    window: Window,
-    held: HeldBytes,
+/// How an endpoint exposes rendezvous payloads to the peer (see `caps::ExposurePath`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ExposeBy {
+    /// A type-2 memory window bound to this endpoint's queue pair.
+    Window,
+    /// A registration of exactly the payload, remote read only, in this endpoint's own
+    /// protection domain.
+    Registration,
+}
+
+/// A payload exposed to the peer. Field order is drop order: the window goes (deallocated, so
+/// invalidated) or the registration is deregistered before the payload is released.
+enum Exposure {
+    Window {
+        window: Window,
+        held: HeldBytes,
+    },
+    Registered {
+        _mr: Arc<MemoryRegion>,
+        _held: HeldBytes,
+    },
 }
 
 enum SqEntry<B> {
     /// Kept only so the memory outlives the work request.
     Send { _local: SqLocal<B> },
     Read {
+        /// The sink's registration for remote write (iWARP), deregistered with the entry,
+        /// before the target is released (field order).
+        _sink: Option<Arc<MemoryRegion>>,
         target: Arc<B>,
         tag: u64,
         len: usize,
     },
     /// A window bind; the exposure itself lives in `Endpoint::exposed`.
     Bind,
-    /// A window invalidation: the exposure is released when it completes.
+    /// A window invalidation: the window and its payload are released when it completes.
     Invalidate { exposure: Exposure },
 }
 
@@ -786,6 +817,10 @@ pub(crate) struct Endpoint<B: LocalMemory> {
     wcs: Vec<sys::ibv_wc>,
     inline_max: usize,
     unsignaled: u32,
+    /// How payloads are exposed to the peer.
+    expose_by: ExposeBy,
+    /// Each RDMA READ's sink is registered for remote write while the READ runs (iWARP).
+    sink_remote_write: bool,
 }
 
 impl<B: LocalMemory> Endpoint<B> {
@@ -798,6 +833,8 @@ impl<B: LocalMemory> Endpoint<B> {
         sq_depth: usize,
         recv: RecvQueue<B>,
         inline_max: usize,
+        expose_by: ExposeBy,
+        sink_remote_write: bool,
     ) -> Endpoint<B> {
         let (recv_depth, srq) = match recv {
             RecvQueue::Own(depth) => (depth, None),
@@ -827,6 +864,8 @@ impl<B: LocalMemory> Endpoint<B> {
             // An inline message is built in its control slot: never more than one slot.
             inline_max: inline_max.min(CTRL_SLOT),
             unsignaled: 0,
+            expose_by,
+            sink_remote_write,
         }
     }
 
@@ -932,11 +971,30 @@ impl<B: LocalMemory> Endpoint<B> {
                 "RDMA READ outside its target",
             ));
         }
+        let addr = r.target.addr() + r.offset;
+        // iWARP writes a READ's response into its sink as the peer's tagged writes: the sink
+        // must allow remote write, so exactly its span is registered so for this READ only.
+        let sink = if self.sink_remote_write && r.len > 0 {
+            // SAFETY: the span lies inside `r.target` (checked above), registered memory that
+            // the entry below keeps alive, at the same address, for as long as this
+            // registration lives: the entry drops the registration before the target.
+            Some(unsafe {
+                self.pd
+                    .reg_mr(
+                        addr,
+                        r.len,
+                        AccessFlags::LocalWrite | AccessFlags::RemoteWrite,
+                    )
+                    .map_err(io::Error::other)?
+            })
+        } else {
+            None
+        };
         let sge_start = self.sges.len();
         self.sges.push(sys::ibv_sge {
-            addr: (r.target.addr() + r.offset) as u64,
+            addr: addr as u64,
             length: r.len as u32,
-            lkey: r.target.lkey(),
+            lkey: sink.as_ref().map_or_else(|| r.target.lkey(), |m| m.lkey()),
         });
         let op = StagedOp::Sge {
             opcode: sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
@@ -945,6 +1003,7 @@ impl<B: LocalMemory> Endpoint<B> {
             remote: Some((r.remote_addr, r.rkey)),
         };
         let entry = SqEntry::Read {
+            _sink: sink,
             target: r.target,
             tag: r.tag,
             len: r.len,
@@ -969,6 +1028,26 @@ impl<B: LocalMemory> Endpoint<B> {
                 "rendezvous id already exposed",
             ));
         }
+        let addr = held.bytes.as_ptr() as u64;
+        if self.expose_by == ExposeBy::Registration {
+            // SAFETY: `held` keeps the payload's memory alive and unchanged (`Bytes` are
+            // immutable) and is kept with the registration, which is dropped first (field
+            // order of `Exposure::Registered`). Remote read only: the device never writes it.
+            let mr = unsafe {
+                self.pd
+                    .reg_mr(addr as usize, held.bytes.len(), AccessFlags::RemoteRead)
+                    .map_err(io::Error::other)?
+            };
+            let rkey = mr.rkey();
+            self.exposed.insert(
+                id,
+                Exposure::Registered {
+                    _mr: mr,
+                    _held: held,
+                },
+            );
+            return Ok((addr, rkey));
+        }
         let mut window = match self.free_windows.pop() {
             Some(w) => w,
             None => Window::alloc(&self.pd)?,
@@ -976,7 +1055,6 @@ impl<B: LocalMemory> Endpoint<B> {
         // A new key for every binding: the previous transfer's rkey no longer matches.
         // SAFETY: plain arithmetic on the key's low byte (an `unsafe fn` in the binding).
         window.rkey = unsafe { sys::ibv_inc_rkey(window.rkey) };
-        let addr = held.bytes.as_ptr() as u64;
         let op = StagedOp::Bind {
             mw: MwPtr(window.mw),
             rkey: window.rkey,
@@ -987,7 +1065,7 @@ impl<B: LocalMemory> Endpoint<B> {
         let rkey = window.rkey;
         self.push_sq(0, op, SqEntry::Bind);
         self.staged_binds += 1;
-        self.exposed.insert(id, Exposure { window, held });
+        self.exposed.insert(id, Exposure::Window { window, held });
         Ok((addr, rkey))
     }
 
@@ -997,9 +1075,13 @@ impl<B: LocalMemory> Endpoint<B> {
         let Some(exposure) = self.exposed.remove(&id) else {
             return;
         };
-        let op = StagedOp::Invalidate {
-            rkey: exposure.window.rkey,
+        let rkey = match &exposure {
+            Exposure::Window { window, .. } => window.rkey,
+            // Deregistered now (`ibv_dereg_mr` returns once the device no longer accepts the
+            // key), then the payload is released.
+            Exposure::Registered { .. } => return drop(exposure),
         };
+        let op = StagedOp::Invalidate { rkey };
         self.push_sq(0, op, SqEntry::Invalidate { exposure });
     }
 
@@ -1360,7 +1442,13 @@ impl<B: LocalMemory> Endpoint<B> {
             let st = if this { status } else { Ok(()) };
             let kind = entry.kind();
             match entry {
-                SqEntry::Read { target, tag, len } => {
+                SqEntry::Read {
+                    _sink,
+                    target,
+                    tag,
+                    len,
+                } => {
+                    drop(_sink);
                     drop(target);
                     out.push(Completion::Read {
                         tag,
@@ -1371,9 +1459,10 @@ impl<B: LocalMemory> Endpoint<B> {
                 SqEntry::Invalidate { exposure } => {
                     if st.is_ok() {
                         // Invalidated: the window can expose the next payload.
-                        let Exposure { window, held } = exposure;
-                        drop(held);
-                        self.free_windows.push(window);
+                        if let Exposure::Window { window, held } = exposure {
+                            drop(held);
+                            self.free_windows.push(window);
+                        }
                     } else {
                         // Not invalidated (QP in error): deallocate the window, then release.
                         drop(exposure);
@@ -1452,8 +1541,26 @@ impl<B: LocalMemory> Endpoint<B> {
 
 impl<B: LocalMemory> Drop for Endpoint<B> {
     fn drop(&mut self) {
-        // The QP goes first: no more DMA into anything below, and no more completions.
+        // Exposures still outstanding lose their windows and registrations first, so the peer
+        // can read nothing more (and rxe, which holds a queue pair while a window bound
+        // through it lives, lets the queue pair go at once); their payloads are kept until
+        // the queue pair is gone.
+        let mut payloads = Vec::with_capacity(self.exposed.len());
+        for (_, exposure) in self.exposed.drain() {
+            match exposure {
+                Exposure::Window { window, held } => {
+                    drop(window);
+                    payloads.push(held);
+                }
+                Exposure::Registered { _mr, _held } => {
+                    drop(_mr);
+                    payloads.push(_held);
+                }
+            }
+        }
+        // Then the QP: no more DMA into anything below, and no more completions.
         drop(self.qp.take());
+        drop(payloads);
         if let Some(srq) = self.srq.take() {
             // Receives this QP consumed whose completions were never polled: their SRQ slots
             // are posted again (the same buffers; what they hold is not needed), or the SRQ

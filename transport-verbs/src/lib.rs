@@ -308,6 +308,7 @@ mod ffi;
 #[cfg(feature = "test-hooks")]
 pub mod test_peer;
 
+mod caps;
 mod cm;
 mod config;
 mod conn;
@@ -323,7 +324,8 @@ use std::sync::Arc;
 
 use transport_core::{Capabilities, Listener, Transport, TransportError};
 
-pub use config::VerbsConfig;
+pub use caps::{probe_devices, DeviceCaps, ExposurePath, Paths, RdmaTransport, SrqLimits};
+pub use config::{Exposure, VerbsConfig, EXPOSURE_ENV};
 #[cfg(feature = "test-hooks")]
 pub use conn::polled_together;
 pub use conn::{VerbsConnection, VerbsReceiver, VerbsSender};
@@ -337,16 +339,39 @@ pub use ffi::memlock_budget;
 #[cfg(feature = "test-hooks")]
 pub use ffi::{drop_ipc_lock_capability, set_memlock_soft_limit};
 
-/// The IPv4 address of the first RDMA device that has one (its RoCE v2 IPv4 GID): an address to
-/// listen on or connect to with [`VerbsTransport`] on this machine. [`VerbsError::NoDevice`]
-/// without RDMA; [`VerbsError::DeviceNotFound`] when no device carries an IPv4 address (e.g.
-/// InfiniBand without IPoIB configured).
+/// The IPv4 address of the first RDMA device that has one: its RoCE v2 IPv4 GID, or else the
+/// first local address rdma_cm binds to a device (iWARP, IPoIB): an address to listen on or
+/// connect to with [`VerbsTransport`] on this machine. [`VerbsError::NoDevice`] without RDMA;
+/// [`VerbsError::DeviceNotFound`] when no device carries an IPv4 address (e.g. InfiniBand
+/// without IPoIB configured).
 pub fn local_rdma_ip() -> Result<std::net::IpAddr, VerbsError> {
-    list_devices()?
+    if let Some(ip) = list_devices()?
         .iter()
         .find_map(|d| d.roce_v2_ipv4_gid().and_then(|g| g.ipv4()))
-        .map(std::net::IpAddr::V4)
-        .ok_or_else(|| VerbsError::DeviceNotFound("any with an IPv4 (RoCE v2) address".into()))
+    {
+        return Ok(std::net::IpAddr::V4(ip));
+    }
+    rdma_addresses()?
+        .into_iter()
+        .map(|(_, ip)| ip)
+        .next()
+        .ok_or_else(|| VerbsError::DeviceNotFound("any with an IPv4 address".into()))
+}
+
+/// The local IPv4 addresses rdma_cm maps to an RDMA device, each with the device's name
+/// (`rxe0`, `siw0`, `mlx5_0`), loopback excluded: where to listen for a given device.
+pub fn rdma_addresses() -> Result<Vec<(String, std::net::IpAddr)>, VerbsError> {
+    list_devices()?;
+    cm::rdma_addresses().map_err(|e| VerbsError::Internal(format!("finding RDMA addresses: {e}")))
+}
+
+/// The first local IPv4 address rdma_cm maps to the device called `name`.
+pub fn device_ip(name: &str) -> Result<std::net::IpAddr, VerbsError> {
+    rdma_addresses()?
+        .into_iter()
+        .find(|(d, _)| d == name)
+        .map(|(_, ip)| ip)
+        .ok_or_else(|| VerbsError::DeviceNotFound(format!("{name} (no IPv4 address maps to it)")))
 }
 
 /// The verbs transport. Addresses are `IP:port` of an RDMA-capable interface.
@@ -391,6 +416,12 @@ impl VerbsTransport {
     pub fn memory_use(&self) -> MemoryUse {
         self.domains.memory_use()
     }
+
+    /// What each device this transport has made a connection on can do (probed at its first
+    /// connection), and so the paths its connections take there ([`DeviceCaps::paths`]).
+    pub fn device_caps(&self) -> Vec<DeviceCaps> {
+        self.domains.caps().iter().map(|c| (**c).clone()).collect()
+    }
 }
 
 impl Transport for VerbsTransport {
@@ -411,12 +442,11 @@ impl Transport for VerbsTransport {
             cm::RecvMode::Shared,
         )
         .await?;
-        conn::start(est, self.config.clone())
+        conn::start(est)
     }
 
     async fn listen(&self, addr: &SocketAddr) -> Result<VerbsListener, TransportError> {
         let (tx, ready) = tokio::sync::mpsc::unbounded_channel();
-        let cfg = self.config.clone();
         let l = cm::listen(
             self.cm.get()?,
             self.domains.clone(),
@@ -425,7 +455,7 @@ impl Transport for VerbsTransport {
             cm::RecvMode::Shared,
             move |est| {
                 // Started at once: the handshake and its time limit do not wait for `accept`.
-                if let Ok(c) = conn::start(est, cfg.clone()) {
+                if let Ok(c) = conn::start(est) {
                     let _ = tx.send(c);
                 }
             },

@@ -40,6 +40,9 @@ pub(crate) struct PoolInner {
     pd: Arc<ProtectionDomain>,
     device: String,
     keep_bytes: usize,
+    /// Payloads are exposed through memory windows (send buffers registered for binding);
+    /// else through registrations of their own.
+    windows: bool,
     /// Bytes of pool buffers registered right now (in use or idle).
     registered: AtomicUsize,
     state: Mutex<PoolState>,
@@ -74,12 +77,14 @@ impl SharedPool {
         device: String,
         keep_bytes: usize,
         cache_bytes: usize,
+        windows: bool,
     ) -> SharedPool {
         SharedPool {
             inner: Arc::new(PoolInner {
                 pd,
                 device,
                 keep_bytes,
+                windows,
                 registered: AtomicUsize::new(0),
                 state: Mutex::new(PoolState::default()),
                 cache: Mutex::new(RegCache {
@@ -149,7 +154,12 @@ impl Pool {
     /// A buffer for at least `n` bytes, of `n`'s size class, that may be sent from or exposed
     /// to the peer by a memory window (send buffers, rendezvous targets).
     pub(crate) fn get_for(&self, n: usize) -> Result<PoolBuf, VerbsError> {
-        self.get(class_of(n), Access::Exposable)
+        let access = if self.inner.windows {
+            Access::Exposable
+        } else {
+            Access::Sendable
+        };
+        self.get(class_of(n), access)
     }
 
     /// The registration covering `bytes`, if it lies inside a live pool buffer (no copy, no
@@ -191,7 +201,7 @@ impl Pool {
             }
         }
         let reg = Arc::new(
-            UserRegion::new(&self.inner.pd, bytes.clone())
+            UserRegion::new(&self.inner.pd, bytes.clone(), self.inner.windows)
                 .map_err(|e| registration_error(&self.inner.device, bytes.len(), e))?,
         );
         self.metrics.registrations.incr();

@@ -158,17 +158,18 @@ fn timeout(what: &'static str, after: Duration) -> TransportError {
 impl RawPeer {
     /// Connects to a verbs listener at `addr`, with `cfg`'s queue sizes; nothing is sent.
     pub async fn connect(addr: SocketAddr, cfg: VerbsConfig) -> Result<RawPeer, TransportError> {
-        let cfg_arc = Arc::new(cfg.clone());
+        let cfg_arc = Arc::new(cfg);
         // Its own event channel (held by its identifier), like a separate process.
         let ch = crate::cm::CmChannel::default().get()?;
         let Established { res, id, .. } =
             crate::cm::connect(ch, Arc::default(), cfg_arc, addr, crate::cm::RecvMode::Own).await?;
         Ok(RawPeer {
+            // What the connection uses (the device's paths applied: its receive depth).
+            cfg: (*res.cfg).clone(),
             ep: res.ep,
             targets: HashMap::new(),
             pool: res.pool,
             _id: id,
-            cfg,
             received: VecDeque::new(),
             reads: HashMap::new(),
             send_error: None,

@@ -1,6 +1,8 @@
 //! Memory per connection: what an idle connection keeps registered is bounded, and the
 //! registered pool and the receive buffers (a shared receive queue) belong to the device
-//! (shared by the transport's connections), not to each connection.
+//! (shared by the transport's connections), not to each connection. Where the device's paths
+//! give each connection a protection domain of its own (registration exposure), the tests
+//! check that instead: its buffers are its own and go with it.
 
 mod common;
 
@@ -11,10 +13,10 @@ use transport_core::{HeaderBytes, Listener, Message, MessageReceiver, MessageSen
 use transport_verbs::{VerbsConfig, VerbsTransport};
 
 /// Send slots of one connection (`send_depth` × 128 bytes), plus its posted receive buffers
-/// when it has no shared receive queue.
-fn per_connection_bound(cfg: &VerbsConfig) -> usize {
-    let own_recv = if cfg.srq_depth == 0 {
-        cfg.recv_depth * cfg.recv_buf_size()
+/// when it has no shared receive queue (`srq_depth`: what the device's paths chose).
+fn per_connection_bound(cfg: &VerbsConfig, paths: &transport_verbs::Paths) -> usize {
+    let own_recv = if paths.srq_depth == 0 {
+        paths.recv_depth * cfg.recv_buf_size()
     } else {
         0
     };
@@ -28,15 +30,17 @@ fn idle_connections_keep_at_most_their_bound_registered() {
     };
     common::run(async move {
         let cfg = VerbsConfig::default();
-        let bound = per_connection_bound(&cfg);
-        let srq_bytes = cfg.srq_depth * cfg.recv_buf_size();
-        let verbs = VerbsTransport::new(cfg).expect("transport");
+        let verbs = VerbsTransport::new(cfg.clone()).expect("transport");
         let mut listener = verbs.listen(&addr).await.expect("listen");
         let addr = listener.local_addr().expect("addr");
         let mut pairs = Vec::new();
         for _ in 0..4 {
             pairs.push(common::open_pair(&verbs, &mut listener, addr).await);
         }
+        let paths = common::paths(&verbs);
+        let srq_depth = paths.srq_depth;
+        let bound = per_connection_bound(&cfg, &paths);
+        let srq_bytes = srq_depth * cfg.recv_buf_size();
         let (m0, rss0) = (verbs.memory_use(), common::rss());
         const MORE: usize = 16;
         for _ in 0..MORE {
@@ -65,9 +69,13 @@ fn idle_connections_keep_at_most_their_bound_registered() {
             growth <= added * bound + warm_up,
             "{added} idle connections added {growth} registered bytes, bound {bound} each"
         );
-        // The defaults meet the target: at most 64 KiB registered per connection beyond the
-        // device's shared pool and receive queue, which do not grow with connections.
-        assert!(held <= 64 << 10, "{held} bytes registered per connection");
+        // With a shared receive queue the defaults meet the target: at most 64 KiB registered
+        // per connection beyond the device's shared pool and receive queue, which do not grow
+        // with connections. (Without one, as with registration exposure or on iWARP, each
+        // connection holds its receive buffers: `bound` above.)
+        if srq_depth > 0 {
+            assert!(held <= 64 << 10, "{held} bytes registered per connection");
+        }
         common::srq_refilled(&verbs, srq_bytes).await;
         drop(pairs);
         // Teardown runs in the background; it ends within a bounded time.
@@ -101,13 +109,24 @@ fn a_new_connection_reuses_the_buffers_a_closed_one_returned() {
             assert!(Instant::now() < deadline, "{:?}", verbs.memory_use());
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        let closed = verbs.memory_use();
         let p = common::open_pair(&verbs, &mut listener, addr).await;
         let second = p.client.0.metrics().registrations.get();
         eprintln!("registrations: first connection {first}, next one after it closed {second}");
-        // The first registered its send slots and its receive buffers; the next one takes the
-        // receive buffers from the device's pool and registers only its own send slots.
         assert!(first > 1, "first connection: {first} registrations");
-        assert_eq!(second, 1, "the next connection registered {second} regions");
+        if common::paths(&verbs).exposure == transport_verbs::ExposurePath::MemoryWindow {
+            // The first registered its send slots and its receive buffers; the next one takes
+            // the receive buffers from the device's pool and registers only its send slots.
+            assert_eq!(second, 1, "the next connection registered {second} regions");
+        } else {
+            // A protection domain per connection: nothing of a closed connection is kept or
+            // reused by the next, which registers as much as the first.
+            assert_eq!(closed.registered_bytes, 0, "{closed:?}");
+            assert_eq!(
+                second, first,
+                "the next connection registered {second} regions"
+            );
+        }
     });
 }
 
@@ -159,14 +178,15 @@ fn more_credits_than_shared_buffers_lose_nothing() {
         cfg.srq_depth = 8;
         cfg.recv_depth = 64;
         cfg.eager_limit = 8192;
-        let full = cfg.srq_depth * cfg.recv_buf_size();
-        let verbs = VerbsTransport::new(cfg).expect("transport");
+        let verbs = VerbsTransport::new(cfg.clone()).expect("transport");
         let mut listener = verbs.listen(&addr).await.expect("listen");
         let addr = listener.local_addr().expect("addr");
         let mut p = Vec::new();
         for _ in 0..4 {
             p.push(common::open_pair(&verbs, &mut listener, addr).await);
         }
+        // (Without a shared queue on this device's paths, each connection posts its 64.)
+        let full = common::paths(&verbs).srq_depth * cfg.recv_buf_size();
         let [a, b, c, d] = &mut p[..] else {
             unreachable!("four pairs")
         };
@@ -188,12 +208,13 @@ fn the_shared_receive_queue_is_full_again_after_connections_close_mid_stream() {
     };
     common::run(async move {
         let cfg = VerbsConfig::default();
-        let full = cfg.srq_depth * cfg.recv_buf_size();
-        let verbs = VerbsTransport::new(cfg).expect("transport");
+        let verbs = VerbsTransport::new(cfg.clone()).expect("transport");
         let mut listener = verbs.listen(&addr).await.expect("listen");
         let addr = listener.local_addr().expect("addr");
+        let mut full = None;
         for round in 0..8 {
             let mut p = common::open_pair(&verbs, &mut listener, addr).await;
+            full.get_or_insert(common::paths(&verbs).srq_depth * cfg.recv_buf_size());
             // Messages the server never takes, some of them still unpolled when both ends
             // go: their shared buffers must come back.
             for i in 0..32u32 {
@@ -209,7 +230,12 @@ fn the_shared_receive_queue_is_full_again_after_connections_close_mid_stream() {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let m = verbs.memory_use();
-            if m.connections == 0 && m.shared_receive_bytes == full {
+            let full = full.expect("a round ran");
+            // Without a shared queue, every connection's buffers went with it.
+            if m.connections == 0
+                && m.shared_receive_bytes == full
+                && (full > 0 || m.registered_bytes == 0)
+            {
                 break;
             }
             assert!(Instant::now() < deadline, "{m:?}, full: {full}");

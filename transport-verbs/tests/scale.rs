@@ -36,9 +36,23 @@ fn a_thousand_connections_each_make_a_call_without_error() {
         return;
     };
     common::run(async move {
-        let cfg = VerbsConfig::default();
-        let per_conn_bound = cfg.send_depth * 128;
-        let shared = cfg.srq_depth * cfg.recv_buf_size();
+        let mut cfg = VerbsConfig::default();
+        let mut paths = common::device_paths(&cfg, addr.ip());
+        if paths.srq_depth == 0 {
+            // Each connection posts receive buffers of its own (registration exposure, iWARP):
+            // with the defaults' 64 × 64 KiB that is 8 GB for 2000 connections, so the
+            // fewest and smallest buffers the protocol allows here.
+            cfg.recv_depth = 4;
+            cfg.eager_limit = 4000;
+            paths = common::device_paths(&cfg, addr.ip());
+        }
+        let own_recv = if paths.srq_depth == 0 {
+            paths.recv_depth * cfg.recv_buf_size()
+        } else {
+            0
+        };
+        let per_conn_bound = cfg.send_depth * 128 + own_recv;
+        let shared = paths.srq_depth * cfg.recv_buf_size();
         let verbs = VerbsTransport::new(cfg).expect("transport");
         let mut listener = verbs.listen(&addr).await.expect("listen");
         let addr = listener.local_addr().expect("addr");
@@ -88,10 +102,12 @@ fn a_thousand_connections_each_make_a_call_without_error() {
             "{fds} file descriptors opened for {} connections",
             m.connections
         );
-        assert!(
-            held <= 64 << 10,
-            "{held} bytes registered per connection with the defaults"
-        );
+        if paths.srq_depth > 0 {
+            assert!(
+                held <= 64 << 10,
+                "{held} bytes registered per connection with the defaults"
+            );
+        }
         let started = Instant::now();
         drop(pairs);
         let deadline = started + Duration::from_secs(60);

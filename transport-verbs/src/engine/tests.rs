@@ -25,6 +25,7 @@ const BUF: usize = 4096;
 
 fn cfg() -> EngineConfig {
     EngineConfig {
+        speaks_first: true,
         recv_depth: DEPTH,
         recv_buf_size: BUF,
         max_message_size: 1 << 20,
@@ -150,6 +151,36 @@ fn hello_is_sent_first_and_announces_our_limits() {
         payload: Bytes::from_static(b"abc"),
     });
     assert!(e.poll_work().is_none());
+}
+
+#[test]
+fn the_accepting_side_says_hello_only_after_the_peers() {
+    let now = Instant::now();
+    let passive = EngineConfig {
+        speaks_first: false,
+        ..cfg()
+    };
+    let mut e = E::new(passive, Arc::new(Metrics::default()), now);
+    assert!(
+        drain(&mut e).is_empty(),
+        "nothing goes out before the peer's HELLO"
+    );
+    e.on_recv(encode(hello(DEPTH as u16 - 1), &[], &[]))
+        .expect("valid HELLO");
+    let w = drain(&mut e);
+    assert_eq!(w.iter().map(kind_of).collect::<Vec<_>>(), ["HELLO"]);
+    // Without the peer's HELLO it still times out like the active side.
+    let mut silent = E::new(
+        EngineConfig {
+            speaks_first: false,
+            ..cfg()
+        },
+        Arc::new(Metrics::default()),
+        now,
+    );
+    assert!(silent
+        .handle_timeout(now + Duration::from_secs(11))
+        .is_err());
 }
 
 #[test]

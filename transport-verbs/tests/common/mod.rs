@@ -108,3 +108,32 @@ pub async fn srq_refilled(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// The paths the transport's connections take on its device (after its first connection):
+/// where a test's expectations depend on them (a shared receive queue or not, the exposure).
+#[allow(dead_code)] // not every test binary needs them
+pub fn paths(verbs: &transport_verbs::VerbsTransport) -> transport_verbs::Paths {
+    let caps = verbs.device_caps();
+    let caps = caps.first().expect("the transport has made a connection");
+    caps.paths(verbs.config())
+}
+
+/// The paths a transport with `cfg` will take on the device that carries `ip`, known before any
+/// connection (the device is probed here).
+#[allow(dead_code)] // not every test binary needs them
+pub fn device_paths(
+    cfg: &transport_verbs::VerbsConfig,
+    ip: std::net::IpAddr,
+) -> transport_verbs::Paths {
+    let name = transport_verbs::rdma_addresses()
+        .expect("RDMA addresses")
+        .into_iter()
+        .find(|(_, a)| *a == ip)
+        .map(|(d, _)| d)
+        .unwrap_or_else(|| panic!("no RDMA device carries {ip}"));
+    let caps = transport_verbs::probe_devices().expect("probe");
+    caps.iter()
+        .find(|c| c.device == name)
+        .unwrap_or_else(|| panic!("{name} was not probed"))
+        .paths(cfg)
+}
