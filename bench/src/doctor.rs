@@ -283,9 +283,38 @@ fn all_findings(sys: &Path, proc_sys: &Path) -> Vec<Finding> {
     f
 }
 
+/// What each RDMA device can do (probed: a type-2 window bound, a queue pair's inline size,
+/// shared receive queues, READ depth, transport) and the path each feature of the verbs
+/// transport takes on it with the bench's settings. Nothing without a device (the rdma check
+/// says so).
+fn verbs_devices() -> Vec<Finding> {
+    let Ok(devices) = transport_verbs::probe_devices() else {
+        return Vec::new();
+    };
+    let c = crate::sys::verbs_config();
+    devices
+        .iter()
+        .map(|caps| {
+            let paths = caps.paths(&c);
+            let level = if caps.type2_windows.is_ok() {
+                Level::Ok
+            } else {
+                Level::Info
+            };
+            finding(
+                &format!("verbs device {}", caps.device),
+                level,
+                caps.to_string(),
+                format!("paths: {paths}"),
+            )
+        })
+        .collect()
+}
+
 /// Runs every check and prints the findings.
 pub fn run(json: bool) -> Result<(), String> {
-    let findings = all_findings(Path::new("/sys"), Path::new("/proc/sys"));
+    let mut findings = all_findings(Path::new("/sys"), Path::new("/proc/sys"));
+    findings.extend(verbs_devices());
     if json {
         println!(
             "{}",

@@ -75,6 +75,7 @@ mod results;
 mod scenario_cmd;
 mod suite;
 mod sys;
+mod verbs_args;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -266,15 +267,8 @@ struct RunArgs {
     /// server run on different CPUs; ignored where the process may use one CPU only.
     #[arg(long, default_value_t = 0)]
     spin_us: u64,
-    /// Verbs adaptive polling: poll the completion queue for this many µs after activity
-    /// before sleeping on the completion channel (`VerbsConfig::poll_spin`; default: the
-    /// library's).
-    #[arg(long)]
-    verbs_poll_us: Option<u64>,
-    /// Verbs receive buffers in the device's shared receive queue (`VerbsConfig::srq_depth`;
-    /// 0: each connection posts its own; default: the library's).
-    #[arg(long)]
-    verbs_srq_depth: Option<usize>,
+    #[command(flatten)]
+    verbs: verbs_args::VerbsArgs,
     /// How the RPC rows are measured: `async` (RpcClient and RpcServer on tokio) or
     /// `blocking` (`transport_core::rpc::blocking`: the client blocks in recv, one call at a
     /// time, a thread per connection on the server; local mode, uds and tcp; verbs stays
@@ -337,13 +331,8 @@ struct ServerArgs {
     /// (0: never).
     #[arg(long, default_value_t = 0)]
     spin_us: u64,
-    /// Verbs adaptive polling budget in µs (`VerbsConfig::poll_spin`; default: the library's).
-    #[arg(long)]
-    verbs_poll_us: Option<u64>,
-    /// Verbs shared receive queue depth (`VerbsConfig::srq_depth`; 0: none; default: the
-    /// library's).
-    #[arg(long)]
-    verbs_srq_depth: Option<usize>,
+    #[command(flatten)]
+    verbs_settings: verbs_args::VerbsArgs,
     /// Pin the server to this CPU.
     #[arg(long)]
     core: Option<usize>,
@@ -383,7 +372,7 @@ impl RunArgs {
 
     fn settings(&self, client_core: Option<usize>) -> Settings {
         sys::set_spin(self.spin_us);
-        sys::set_verbs(self.verbs_poll_us, self.verbs_srq_depth);
+        sys::set_verbs(&self.verbs);
         let sizes = self.sizes.clone().unwrap_or_else(|| {
             if self.full {
                 vec![1024, 4096, 16384, 65536, 262_144, 500_000, 1 << 20]
@@ -655,13 +644,18 @@ fn verbs_notes(verbs: &VerbsTransport, peak: transport_verbs::MemoryUse) -> Vec<
             mib(peak.shared_receive_bytes)
         )
     };
-    vec![polling, memory]
+    let mut notes = vec![polling, memory];
+    for caps in verbs.device_caps() {
+        notes.push(format!("device {caps}"));
+        notes.push(format!("paths on {}: {}", caps.device, caps.paths(c)));
+    }
+    notes
 }
 
 /// The verbs transport and an address of this machine's RDMA device, or why there is none.
 fn verbs_here() -> Result<(VerbsTransport, SocketAddr), String> {
     let verbs = VerbsTransport::new(sys::verbs_config()).map_err(|e| e.to_string())?;
-    let ip = transport_verbs::local_rdma_ip().map_err(|e| e.to_string())?;
+    let ip = sys::verbs_args().local_ip()?;
     Ok((verbs, SocketAddr::new(ip, 0)))
 }
 
@@ -913,7 +907,7 @@ fn server(a: &ServerArgs) -> Result<(), String> {
         sys::pin_current_thread(c)?;
     }
     sys::set_spin(a.spin_us);
-    sys::set_verbs(a.verbs_poll_us, a.verbs_srq_depth);
+    sys::set_verbs(&a.verbs_settings);
     let rt = sys::runtime().map_err(|e| e.to_string())?;
     rt.block_on(async {
         let mut shutdown = Shutdown::register()?;
@@ -1239,9 +1233,9 @@ mod tests {
         let Some(Command::Scenario(a)) = cli.command else {
             panic!("not the scenario command: {cli:?}");
         };
-        assert_eq!(a.verbs_poll_us, Some(250));
-        assert_eq!(a.verbs_srq_depth, Some(0));
-        assert_eq!(a.verbs_poll_together, Some(64));
+        assert_eq!(a.verbs.verbs_poll_us, Some(250));
+        assert_eq!(a.verbs.verbs_srq_depth, Some(0));
+        assert_eq!(a.verbs.verbs_poll_together, Some(64));
         // (Not applied here: the settings are process-wide and other tests set them too.)
         let Some(Command::Scenario(a)) = Cli::try_parse_from(["bench", "scenario", "clients"])
             .unwrap()
@@ -1249,11 +1243,7 @@ mod tests {
         else {
             panic!("not the scenario command");
         };
-        assert_eq!(
-            (a.verbs_poll_us, a.verbs_srq_depth, a.verbs_poll_together),
-            (None, None, None),
-            "the library's"
-        );
+        assert_eq!(a.verbs, verbs_args::VerbsArgs::default(), "the library's");
     }
 
     /// The server listens on loopback unless told otherwise, and its help says so.

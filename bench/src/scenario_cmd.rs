@@ -135,17 +135,8 @@ pub struct ScenarioArgs {
     /// CPU placement of client and server.
     #[arg(long, value_enum, default_value_t = Pin::Same)]
     pub pin: Pin,
-    /// Verbs adaptive polling budget in µs (`VerbsConfig::poll_spin`; default: the library's).
-    #[arg(long)]
-    pub verbs_poll_us: Option<u64>,
-    /// Verbs shared receive queue depth (`VerbsConfig::srq_depth`; 0: none; default: the
-    /// library's).
-    #[arg(long)]
-    pub verbs_srq_depth: Option<usize>,
-    /// Verbs receivers spinning at once on one thread from which the thread polls them
-    /// together (`VerbsConfig::poll_together_from`; default: the library's).
-    #[arg(long)]
-    pub verbs_poll_together: Option<usize>,
+    #[command(flatten)]
+    pub verbs: crate::verbs_args::VerbsArgs,
     /// Print the report as JSON on stdout instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -224,8 +215,7 @@ pub struct ScenarioReport {
 /// Runs `bench scenario`.
 pub fn run(args: &ScenarioArgs) -> Result<(), String> {
     let started = Instant::now();
-    crate::sys::set_verbs(args.verbs_poll_us, args.verbs_srq_depth);
-    crate::sys::set_verbs_poll_together(args.verbs_poll_together);
+    crate::sys::set_verbs(&args.verbs);
     let place = placement(args.pin, "local");
     let scenarios = args.name.expand();
     let mut wanted = args.transports.clone();

@@ -9,71 +9,26 @@ use std::time::Duration;
 /// `--spin-us`: how long a runtime thread polls its waiting sockets before parking.
 static SPIN_US: AtomicU64 = AtomicU64::new(0);
 
-/// `VerbsConfig::poll_spin` in µs for every verbs transport the bench makes (u64::MAX: the
-/// library's default).
-static VERBS_POLL_US: AtomicU64 = AtomicU64::new(u64::MAX);
+/// The `--verbs-*` options of this run, for every verbs transport the bench makes.
+static VERBS: std::sync::Mutex<Option<crate::verbs_args::VerbsArgs>> = std::sync::Mutex::new(None);
 
-/// `VerbsConfig::srq_depth` for every verbs transport the bench makes (u64::MAX: the
-/// library's default).
-static VERBS_SRQ_DEPTH: AtomicU64 = AtomicU64::new(u64::MAX);
-
-/// `VerbsConfig::poll_together_from` for every verbs transport the bench makes (u64::MAX:
-/// the library's default).
-static VERBS_POLL_TOGETHER: AtomicU64 = AtomicU64::new(u64::MAX);
-
-/// Sets `--verbs-poll-together` (`None`: the library's default).
-pub fn set_verbs_poll_together(from: Option<usize>) {
-    VERBS_POLL_TOGETHER.store(together_to_u64(from), Ordering::Relaxed);
+/// Sets the `--verbs-*` options for every verbs transport the bench makes.
+pub fn set_verbs(args: &crate::verbs_args::VerbsArgs) {
+    *VERBS.lock().unwrap_or_else(|p| p.into_inner()) = Some(args.clone());
 }
 
-/// `--verbs-poll-together` as stored: u64::MAX is "not given", so the largest values (never
-/// together) are kept just below it.
-fn together_to_u64(from: Option<usize>) -> u64 {
-    from.map_or(u64::MAX, |n| (n as u64).min(u64::MAX - 1))
+/// The `--verbs-*` options set for this run (none given: the library's defaults).
+pub fn verbs_args() -> crate::verbs_args::VerbsArgs {
+    VERBS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .unwrap_or_default()
 }
 
-/// [`together_to_u64`] back: `None` for the library's default.
-fn together_from_u64(v: u64) -> Option<usize> {
-    match v {
-        u64::MAX => None,
-        n if n == u64::MAX - 1 => Some(usize::MAX),
-        n => Some(usize::try_from(n).unwrap_or(usize::MAX)),
-    }
-}
-
-/// Sets `--verbs-poll-us` and `--verbs-srq-depth` for every verbs transport the bench makes.
-pub fn set_verbs(poll_us: Option<u64>, srq_depth: Option<usize>) {
-    set_verbs_poll(poll_us);
-    set_verbs_srq_depth(srq_depth);
-}
-
-/// Sets the verbs adaptive-polling budget (`None`: the library's default).
-pub fn set_verbs_poll(us: Option<u64>) {
-    VERBS_POLL_US.store(us.unwrap_or(u64::MAX), Ordering::Relaxed);
-}
-
-/// Sets the verbs shared receive queue depth (`None`: the library's default; 0: none).
-pub fn set_verbs_srq_depth(depth: Option<usize>) {
-    let d = depth.map_or(u64::MAX, |d| d as u64);
-    VERBS_SRQ_DEPTH.store(d, Ordering::Relaxed);
-}
-
-/// The verbs settings the bench uses: the defaults, with `--verbs-poll-us`,
-/// `--verbs-srq-depth` and `--verbs-poll-together` if given.
+/// The verbs settings the bench uses: the defaults with the `--verbs-*` options applied.
 pub fn verbs_config() -> transport_verbs::VerbsConfig {
-    let mut c = transport_verbs::VerbsConfig::default();
-    match VERBS_POLL_US.load(Ordering::Relaxed) {
-        u64::MAX => {}
-        us => c.poll_spin = Duration::from_micros(us),
-    }
-    match VERBS_SRQ_DEPTH.load(Ordering::Relaxed) {
-        u64::MAX => {}
-        d => c.srq_depth = d as usize,
-    }
-    if let Some(n) = together_from_u64(VERBS_POLL_TOGETHER.load(Ordering::Relaxed)) {
-        c.poll_together_from = n;
-    }
-    c
+    verbs_args().config()
 }
 
 /// Where a verbs transport with settings `c` posts its receive buffers, in words.
@@ -278,20 +233,5 @@ mod rnr_tests {
         port("mlx5_0", "2", "rnr_nak_retry_err", "not a number\n");
         assert_eq!(rnr_naks_in(root.path()), Some(410_210));
         assert_eq!(rnr_naks_in(&root.path().join("missing")), None);
-    }
-}
-
-#[cfg(test)]
-mod together_tests {
-    use super::{together_from_u64, together_to_u64};
-
-    /// Not given stays the library's default; every value, the largest ("never") included,
-    /// comes back as given.
-    #[test]
-    fn poll_together_setting_round_trips() {
-        assert_eq!(together_from_u64(together_to_u64(None)), None);
-        for n in [0, 1, 128, 1_000_000, usize::MAX] {
-            assert_eq!(together_from_u64(together_to_u64(Some(n))), Some(n), "{n}");
-        }
     }
 }

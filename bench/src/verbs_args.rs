@@ -1,0 +1,100 @@
+//! The verbs settings of every bench command, declared once (`#[command(flatten)]` into
+//! `bench local`, `client`, `server` and `scenario`) and turned into one `VerbsConfig` value.
+
+use std::time::Duration;
+
+use transport_verbs::{Exposure, VerbsConfig};
+
+/// The `--verbs-*` options.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct VerbsArgs {
+    /// Verbs adaptive polling: poll the completion queue for this many µs after activity
+    /// before sleeping on the completion channel (`VerbsConfig::poll_spin`; default: the
+    /// library's).
+    #[arg(long)]
+    pub verbs_poll_us: Option<u64>,
+    /// Verbs receive buffers in the device's shared receive queue (`VerbsConfig::srq_depth`;
+    /// 0: each connection posts its own; default: the library's).
+    #[arg(long)]
+    pub verbs_srq_depth: Option<usize>,
+    /// Verbs receivers spinning at once on one thread from which the thread polls them
+    /// together (`VerbsConfig::poll_together_from`; default: the library's).
+    #[arg(long)]
+    pub verbs_poll_together: Option<usize>,
+    /// How rendezvous payloads are exposed to the peer (`VerbsConfig::exposure`): `auto`
+    /// (memory windows where the device binds them, else registrations), `window` or
+    /// `registration` (default: the library's, which TRANSPORT_VERBS_EXPOSURE may set).
+    #[arg(long, value_parser = parse_exposure)]
+    pub verbs_exposure: Option<Exposure>,
+    /// The RDMA device to measure (`rxe0`, `siw0`, `mlx5_0`): the bench listens on the IPv4
+    /// address rdma_cm maps to it (default: the first device with an address).
+    #[arg(long)]
+    pub verbs_device: Option<String>,
+}
+
+fn parse_exposure(s: &str) -> Result<Exposure, String> {
+    s.parse()
+}
+
+impl VerbsArgs {
+    /// The library's defaults with these options applied.
+    pub fn config(&self) -> VerbsConfig {
+        let mut c = VerbsConfig::default();
+        if let Some(us) = self.verbs_poll_us {
+            c.poll_spin = Duration::from_micros(us);
+        }
+        if let Some(d) = self.verbs_srq_depth {
+            c.srq_depth = d;
+        }
+        if let Some(n) = self.verbs_poll_together {
+            c.poll_together_from = n;
+        }
+        if let Some(e) = self.verbs_exposure {
+            c.exposure = e;
+        }
+        c
+    }
+
+    /// The address to listen on for verbs in local mode: `--verbs-device`'s, or the first
+    /// RDMA address of this machine.
+    pub fn local_ip(&self) -> Result<std::net::IpAddr, String> {
+        match &self.verbs_device {
+            Some(name) => transport_verbs::device_ip(name).map_err(|e| e.to_string()),
+            None => transport_verbs::local_rdma_ip().map_err(|e| e.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_option_lands_in_the_config() {
+        let a = VerbsArgs {
+            verbs_poll_us: Some(250),
+            verbs_srq_depth: Some(0),
+            verbs_poll_together: Some(64),
+            verbs_exposure: Some(Exposure::Registration),
+            verbs_device: None,
+        };
+        let c = a.config();
+        assert_eq!(c.poll_spin, Duration::from_micros(250));
+        assert_eq!(c.srq_depth, 0);
+        assert_eq!(c.poll_together_from, 64);
+        assert_eq!(c.exposure, Exposure::Registration);
+        let d = VerbsArgs::default().config();
+        let lib = VerbsConfig::default();
+        assert_eq!(
+            (d.poll_spin, d.srq_depth, d.poll_together_from, d.exposure),
+            (
+                lib.poll_spin,
+                lib.srq_depth,
+                lib.poll_together_from,
+                lib.exposure
+            )
+        );
+        assert!(parse_exposure("windows").is_err());
+        assert_eq!(parse_exposure("window"), Ok(Exposure::MemoryWindow));
+    }
+}
