@@ -31,13 +31,27 @@ pub fn is_root() -> bool {
 /// Like [`run`], but kills the command (and every process it started) when it has not finished
 /// within `limit`: a hung test fails the run instead of stalling CI until its global timeout.
 pub fn run_with_timeout(program: &str, args: &[&str], limit: Duration) -> Result<(), String> {
+    run_with_timeout_in(None, program, args, limit)
+}
+
+/// [`run_with_timeout`] in directory `dir` (the current one when `None`).
+pub fn run_with_timeout_in(
+    dir: Option<&std::path::Path>,
+    program: &str,
+    args: &[&str],
+    limit: Duration,
+) -> Result<(), String> {
+    let in_dir = dir.map_or_else(String::new, |d| format!(" (in {})", d.display()));
     eprintln!(
-        "xtask: $ {program} {} (time limit {}s)",
+        "xtask: $ {program} {}{in_dir} (time limit {}s)",
         args.join(" "),
         limit.as_secs()
     );
     let mut cmd = Command::new(program);
     cmd.args(args);
+    if let Some(d) = dir {
+        cmd.current_dir(d);
+    }
     sys::own_group_dying_with_parent(&mut cmd);
     let mut child = cmd
         .spawn()

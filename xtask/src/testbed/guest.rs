@@ -59,10 +59,9 @@ pub fn timestamp() -> String {
 /// A virtio NIC on a "wire" to the peer guest: this guest's end of a Unix stream socket pair,
 /// over which QEMU sends each Ethernet frame with a length prefix.
 ///
-/// A stream, not UDP datagrams on 127.0.0.1 (the first wire): a burst of RDMA READ responses
-/// overflowed the host's UDP receive buffer (208 KiB by default), the frames were dropped
-/// (127 388 `RcvbufErrors` in one `ib_read_bw` of 1 MiB × 200 at 0.016 Gbit/s) and rxe's
-/// retransmissions stalled READs for tens of seconds. A stream socket loses nothing: a full
+/// A stream, not UDP datagrams: a burst of RDMA READ responses overflows the host's UDP receive
+/// buffer, frames are dropped and rxe's retransmissions stall READs for tens of seconds
+/// (docs/notes/2026-12-03-testbed-two-hosts-wire.md). A stream socket loses nothing: a full
 /// socket makes the sending QEMU wait, as a link's flow control would.
 #[derive(Debug, Clone)]
 pub struct Wire {

@@ -3,9 +3,10 @@
 //! `/init` text, the file and module lists and this builder's format version).
 //!
 //! Layout: usr-merged (`/bin`, `/sbin`, `/lib`, `/lib64` are links into `/usr`), busybox-static,
-//! iproute2's `ip` and `rdma` in `/usr/sbin`, rdma-core tools, perftest, librxe and its driver
-//! file, every library those binaries (and a Rust test binary) load, and the kernel modules in
-//! load order as `/usr/lib/modules/testbed/NN-name.ko`.
+//! iproute2's `ip` and `rdma` in `/usr/sbin`, rdma-core tools, perftest, the rxe and siw
+//! providers and their driver files, every library those binaries (and a Rust test binary)
+//! load, and the kernel modules in load order as `/usr/lib/modules/testbed/NN-name.ko`, `siw`
+//! (built by [`super::siw`]) among them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -15,9 +16,10 @@ use std::process::Command;
 
 use super::fetch::{self, Fetched};
 use super::script;
+use super::siw::Siw;
 
 /// Bump when the layout or contents change in a way the other inputs do not show.
-const FORMAT: &str = "testbed-initramfs v1";
+const FORMAT: &str = "testbed-initramfs v2";
 
 /// Guest tools copied from the unpacked packages into `/usr/bin`.
 const TOOLS: &[&str] = &[
@@ -49,6 +51,11 @@ const MODULES: &[&str] = &[
     "iw_cm",
     "rdma_cm",
     "rdma_ucm",
+    // soft-iWARP, after rxe. siw computes its CRCs through the crypto API's "crc32c"
+    // (libcrc32c's `softdep=pre: crc32c`, which no `depends=` shows): its provider first.
+    "crc32c_generic",
+    "libcrc32c",
+    "siw",
     "virtio_ring",
     "virtio",
     "virtio_pci_legacy_dev",
@@ -66,6 +73,10 @@ const MODULES: &[&str] = &[
 
 const LIB_DIR: &str = "usr/lib/x86_64-linux-gnu";
 
+/// The rdma-core providers of the guest's devices (`lib<name>-rdmav*.so` and
+/// `/etc/libibverbs.d/<name>.driver`): soft-RoCE and soft-iWARP.
+const PROVIDERS: &[&str] = &["rxe", "siw"];
+
 /// A built initramfs.
 #[derive(Debug)]
 pub struct Initramfs {
@@ -76,14 +87,14 @@ pub struct Initramfs {
 }
 
 /// Returns the initramfs, building it only when an input changed.
-pub fn ensure(f: &Fetched, cache: &Path) -> Result<Initramfs, String> {
+pub fn ensure(f: &Fetched, siw: &Siw, cache: &Path) -> Result<Initramfs, String> {
     let path = cache.join("initramfs.cpio");
     let stamp_path = cache.join("initramfs.stamp");
     let libs_path = cache.join("initramfs.libs");
     let init = script::init_script();
     let stamp = format!(
-        "{FORMAT}\n{}\ntools={TOOLS:?}\nmodules={MODULES:?}\ninit:\n{init}",
-        f.stamp
+        "{FORMAT}\n{}\nsiw:\n{}tools={TOOLS:?}\nmodules={MODULES:?}\nproviders={PROVIDERS:?}\ninit:\n{init}",
+        f.stamp, siw.stamp
     );
     if path.is_file() && fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp) {
         if let Ok(list) = fs::read_to_string(&libs_path) {
@@ -150,27 +161,9 @@ pub fn ensure(f: &Fetched, cache: &Path) -> Result<Initramfs, String> {
         image.file(&format!("usr/sbin/{tool}"), &src, 0o755)?;
         elves.push(src);
     }
-    let providers = root.join(LIB_DIR).join("libibverbs");
-    let rxe = fs::read_dir(&providers)
-        .map_err(|e| format!("{}: {e}", providers.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("librxe-"))
-        })
-        .ok_or("librxe (ibverbs-providers) not unpacked")?;
-    let rxe_name = rxe
-        .file_name()
-        .unwrap_or_default()
-        .to_string_lossy()
-        .into_owned();
-    image.file(&format!("{LIB_DIR}/libibverbs/{rxe_name}"), &rxe, 0o644)?;
-    elves.push(rxe);
-    image.file(
-        "etc/libibverbs.d/rxe.driver",
-        &root.join("etc/libibverbs.d/rxe.driver"),
-        0o644,
-    )?;
+    for provider in PROVIDERS {
+        elves.push(add_provider(&mut image, root, provider)?);
+    }
     // The Rust runtime's libraries (libgcc_s, libc, libm...) as a Rust test binary loads them.
     if let Ok(me) = std::env::current_exe() {
         elves.push(me);
@@ -194,7 +187,7 @@ pub fn ensure(f: &Fetched, cache: &Path) -> Result<Initramfs, String> {
         }
     }
 
-    let modules = module_order(f)?;
+    let modules = module_order(f, siw)?;
     for (i, (name, src)) in modules.iter().enumerate() {
         image.file(
             &format!("usr/lib/modules/testbed/{i:02}-{name}.ko"),
@@ -218,6 +211,33 @@ pub fn ensure(f: &Fetched, cache: &Path) -> Result<Initramfs, String> {
         started.elapsed().as_secs_f64()
     );
     Ok(Initramfs { path, libs })
+}
+
+/// Adds rdma-core's provider `name` (`lib<name>-rdmav*.so` and its driver file); returns the
+/// library, whose own libraries the caller adds.
+fn add_provider(image: &mut Image, root: &Path, name: &str) -> Result<PathBuf, String> {
+    let providers = root.join(LIB_DIR).join("libibverbs");
+    let prefix = format!("lib{name}-");
+    let lib = fs::read_dir(&providers)
+        .map_err(|e| format!("{}: {e}", providers.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
+        .ok_or_else(|| format!("lib{name} (ibverbs-providers) not unpacked"))?;
+    let file = lib
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    image.file(&format!("{LIB_DIR}/libibverbs/{file}"), &lib, 0o644)?;
+    image.file(
+        &format!("etc/libibverbs.d/{name}.driver"),
+        &root.join(format!("etc/libibverbs.d/{name}.driver")),
+        0o644,
+    )?;
+    Ok(lib)
 }
 
 /// (soname, resolved file) of every shared library `elf` loads, including the dynamic loader;
@@ -270,8 +290,8 @@ fn norm(name: &str) -> String {
     name.replace('-', "_")
 }
 
-/// [`MODULES`] with their declared dependencies first, as (name, file); built-in ones skipped.
-fn module_order(f: &Fetched) -> Result<Vec<(String, PathBuf)>, String> {
+/// The kernel package's modules by (normalised) name.
+fn module_index(f: &Fetched) -> Result<BTreeMap<String, PathBuf>, String> {
     let dir = fetch::modules_dir(&f.root, &f.kver).ok_or("no modules directory")?;
     let mut index: BTreeMap<String, PathBuf> = BTreeMap::new();
     let mut stack = vec![dir.join("kernel")];
@@ -291,6 +311,22 @@ fn module_order(f: &Fetched) -> Result<Vec<(String, PathBuf)>, String> {
             }
         }
     }
+    Ok(index)
+}
+
+/// The file of the kernel package's module `name`.
+pub fn module_path(f: &Fetched, name: &str) -> Result<PathBuf, String> {
+    module_index(f)?
+        .remove(&norm(name))
+        .ok_or_else(|| format!("the kernel package has no module `{name}`"))
+}
+
+/// [`MODULES`] with their declared dependencies first, as (name, file); built-in ones skipped.
+/// `siw` is the module built on the host.
+fn module_order(f: &Fetched, siw: &Siw) -> Result<Vec<(String, PathBuf)>, String> {
+    let dir = fetch::modules_dir(&f.root, &f.kver).ok_or("no modules directory")?;
+    let mut index = module_index(f)?;
+    index.insert("siw".into(), siw.ko.clone());
     let builtin: BTreeSet<String> = fs::read_to_string(dir.join("modules.builtin"))
         .unwrap_or_default()
         .lines()
@@ -335,18 +371,25 @@ fn module_order(f: &Fetched) -> Result<Vec<(String, PathBuf)>, String> {
 
 /// The `depends=` list of a module's .modinfo.
 fn depends(ko: &Path) -> Result<Vec<String>, String> {
-    let data = fs::read(ko).map_err(|e| format!("{}: {e}", ko.display()))?;
-    let key = b"\0depends=";
-    let Some(pos) = data.windows(key.len()).position(|w| w == key) else {
-        return Ok(Vec::new());
-    };
-    let rest = &data[pos + key.len()..];
-    let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
-    Ok(String::from_utf8_lossy(&rest[..end])
+    Ok(modinfo(ko, "depends")?
+        .unwrap_or_default()
         .split(',')
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
         .collect())
+}
+
+/// The value of `key` in a module's .modinfo (`key=value\0` strings), as `modinfo -F key`.
+pub fn modinfo(ko: &Path, key: &str) -> Result<Option<String>, String> {
+    let data = fs::read(ko).map_err(|e| format!("{}: {e}", ko.display()))?;
+    let key = format!("\0{key}=");
+    let key = key.as_bytes();
+    let Some(pos) = data.windows(key.len()).position(|w| w == key) else {
+        return Ok(None);
+    };
+    let rest = &data[pos + key.len()..];
+    let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+    Ok(Some(String::from_utf8_lossy(&rest[..end]).into_owned()))
 }
 
 enum Content {

@@ -1,14 +1,19 @@
 //! The soft-RoCE test bed: a QEMU (TCG) guest running Debian 12's kernel with `rdma_rxe`, in
-//! which the verbs tests run against a real verbs device (`rxe0`). The host needs no RDMA.
+//! which the verbs tests run against a real verbs device (`rxe0`), and with `siw` (soft-iWARP,
+//! built on the host: [`siw`]) as a second device, `siw0`. The host needs no RDMA.
 //!
 //! ```text
 //! cargo xtask testbed help
 //! cargo xtask testbed fetch       download + unpack the packages, build the initramfs (cached)
 //! cargo xtask testbed smoke       boot, run the smoke suite (ibv_devices, ibv_devinfo,
 //!                                 ibv_rc_pingpong, ib_send_bw, ib_write_bw, ib_send_lat,
-//!                                 ib_send_bw -R over rdma_cm, rping)
-//! cargo xtask testbed verbs       build transport-verbs' test binaries, boot, smoke suite, then
-//!                                 each test binary with TRANSPORT_VERBS_REQUIRE_DEVICE=1
+//!                                 ib_send_bw -R over rdma_cm, rping; then over siw0 through
+//!                                 rdma_cm: ib_send_bw, ib_write_bw, ib_read_bw, ib_send_lat,
+//!                                 rping)
+//! cargo xtask testbed verbs       build transport-verbs' test binaries; one boot per target
+//!                                 (rxe0, rxe0 with registration exposure, siw0), each running
+//!                                 each test binary with TRANSPORT_VERBS_REQUIRE_DEVICE=1 (the
+//!                                 first boot runs the smoke suite before)
 //! cargo xtask testbed run [--timeout S] [--deadline S] [--file PATH]... -- 'CMD' ['CMD'...]
 //!                                 boot and run each shell command line in the guest (files
 //!                                 given with --file appear as /mnt/host/bin/NAME)
@@ -19,11 +24,12 @@
 //! ```
 //!
 //! In the guest every command sees `TB_DEV=rxe0`, `TB_GID_INDEX` (the IPv4 RoCE v2 GID, looked
-//! up), `TB_IP_ADDR`, `TB_PEER` (two-hosts), memlock unlimited, `/mnt/host` (the share).
+//! up), `TB_IP_ADDR`, `TB_PEER` (two-hosts), `TB_SIW_DEV=siw0`, `TB_SIW_IP` (10.78.0.1 on
+//! `dummy1`, `TB_SIW_NETDEV`), memlock unlimited, `/mnt/host` (the share).
 //!
 //! Cache: `$TESTBED_CACHE`, default `.testbed-cache/` at the repository root: `debs/`, `root/`
-//! (unpacked), `vmlinux`, `initramfs.cpio` (+ `.stamp`), `logs/<command>-<time>.log`, `runs/`
-//! (per-run shares, removed after the run).
+//! (unpacked), `vmlinux`, `siw/siw.ko` (+ `siw.stamp`), `initramfs.cpio` (+ `.stamp`),
+//! `logs/<command>-<time>.log`, `runs/` (per-run shares, removed after the run).
 //!
 //! Time bounds: each step/command runs under `timeout -s KILL` in the guest (default 120 s,
 //! `--timeout`); the guest's whole script under the sum plus a margin; the host kills QEMU's
@@ -36,6 +42,7 @@ mod fetch;
 mod guest;
 mod initramfs;
 mod script;
+mod siw;
 pub(crate) mod sys;
 
 use std::fs;
@@ -45,7 +52,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use guest::{GuestSpec, Log, Outcome, Wire};
-use script::RunScript;
+use script::{RunScript, SMOKE_STEPS};
 
 /// Per-step timeout in the guest unless `--timeout` says otherwise.
 const STEP_TIMEOUT: u32 = 120;
@@ -53,8 +60,6 @@ const STEP_TIMEOUT: u32 = 120;
 const SMOKE_TIMEOUT: u32 = 90;
 /// Per verbs test binary.
 const TEST_TIMEOUT: u32 = 300;
-/// Number of smoke steps ([`script::smoke`]).
-const SMOKE_STEPS: u32 = 8;
 /// Host allowance on top of the guest script's bound: boot, module loading, shutdown.
 const HOST_MARGIN: Duration = Duration::from_secs(120);
 
@@ -78,7 +83,7 @@ pub(crate) fn repo_root() -> PathBuf {
     manifest.parent().unwrap_or(manifest).to_path_buf()
 }
 
-/// The fetched packages and the built initramfs.
+/// The fetched packages, the built siw module and the built initramfs.
 struct Bed {
     cache: PathBuf,
     fetched: fetch::Fetched,
@@ -90,7 +95,8 @@ impl Bed {
         let cache = cache_dir();
         let started = Instant::now();
         let fetched = fetch::ensure(&cache)?;
-        let initramfs = initramfs::ensure(&fetched, &cache)?;
+        let siw = siw::ensure(&fetched, &cache)?;
+        let initramfs = initramfs::ensure(&fetched, &siw, &cache)?;
         eprintln!(
             "testbed: cache {} ready in {:.1}s (kernel {})",
             cache.display(),
@@ -201,7 +207,7 @@ fn report(outcomes: &[Outcome], log: &Arc<Log>, started: Instant) -> Result<(), 
         };
         if let Some(r) = o.ready_after {
             lines.push(format!(
-                "  {who}rxe0 ready {:.1}s after QEMU start",
+                "  {who}rxe0 and siw0 ready {:.1}s after QEMU start",
                 r.as_secs_f64()
             ));
         }
@@ -267,14 +273,18 @@ pub fn main(args: &[String]) -> Result<(), String> {
 }
 
 fn help() -> &'static str {
-    "cargo xtask testbed <command>   (soft-RoCE QEMU guest; see docs/testbed.md)
+    "cargo xtask testbed <command>   (soft-RoCE + soft-iWARP QEMU guest; see docs/testbed.md)
 
-  fetch       download and unpack the guest kernel, QEMU and rdma-core (.debs), build the
-              initramfs; a no-op when the cache ($TESTBED_CACHE or .testbed-cache/) is complete
+  fetch       download and unpack the guest kernel, QEMU and rdma-core (.debs), build siw.ko
+              and the initramfs; a no-op when the cache ($TESTBED_CACHE or .testbed-cache/) is
+              complete
   smoke       boot the guest and run the smoke suite (device listing, ibv_rc_pingpong,
-              ib_send_bw, ib_write_bw, ib_send_lat, ib_send_bw -R (rdma_cm), rping)
-  verbs       build transport-verbs' test binaries, boot, run the smoke suite and each test
-              binary with TRANSPORT_VERBS_REQUIRE_DEVICE=1; fails unless all of it ran and passed
+              ib_send_bw, ib_write_bw, ib_send_lat, ib_send_bw -R (rdma_cm), rping on rxe0;
+              ib_send_bw, ib_write_bw, ib_read_bw, ib_send_lat and rping on siw0 (rdma_cm))
+  verbs       build transport-verbs' test binaries, then boot once per target (rxe0; rxe0 with
+              TRANSPORT_VERBS_EXPOSURE=registration; siw0): the smoke suite (first boot), each
+              test binary with TRANSPORT_VERBS_REQUIRE_DEVICE=1 and the bench's verbs rows;
+              fails unless all of it ran and passed against every target
   run [--timeout S] [--deadline S] [--file PATH]... -- 'CMD' ['CMD'...]
               boot and run each shell command line in the guest, each under `timeout S`
               (default 120); --file copies a host file to /mnt/host/bin/NAME; --deadline is the
@@ -284,7 +294,8 @@ fn help() -> &'static str {
               guest B (use $TB_PEER for A's address); default: ib_send_bw from B to A
 
   in the guest: $TB_DEV (rxe0), $TB_GID_INDEX (IPv4 RoCE v2 GID, looked up), $TB_IP_ADDR,
-  $TB_PEER; memlock unlimited; logs in <cache>/logs/"
+  $TB_PEER, $TB_SIW_DEV (siw0), $TB_SIW_IP (10.78.0.1 on dummy1); memlock unlimited; logs in
+  <cache>/logs/"
 }
 
 fn smoke() -> Result<(), String> {
@@ -555,16 +566,47 @@ pub fn guest_bench_args(user: &[String]) -> Vec<String> {
     out
 }
 
+/// The value of the bench's `--verbs-device` in `args` (`--verbs-device X` or `=X`), if given.
+pub fn verbs_device(args: &[String]) -> Option<String> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--verbs-device" {
+            return it.next().cloned();
+        }
+        if let Some(v) = a.strip_prefix("--verbs-device=") {
+            return Some(v.to_owned());
+        }
+    }
+    None
+}
+
+/// How perftest uses a guest device: its options (device, and the RoCE GID or rdma_cm) and
+/// the address its server listens on (a guest variable).
+fn perftest_device(dev: &str) -> Result<(&'static str, &'static str), String> {
+    match dev {
+        "rxe0" => Ok(("-d rxe0 -x $TB_GID_INDEX", "$TB_IP_ADDR")),
+        // iWARP connects through rdma_cm only.
+        "siw0" => Ok(("-d siw0 -R", "$TB_SIW_IP")),
+        other => Err(format!(
+            "--verbs-device {other}: the guest has rxe0 (soft-RoCE) and siw0 (soft-iWARP)"
+        )),
+    }
+}
+
 /// `cargo xtask bench` on a host without RDMA: boots the soft-RoCE guest and runs perftest's
 /// `ib_send_lat` (2 B), `ib_send_bw` (64 KiB), `ib_write_bw` (64 KiB, 1 MiB; one way and both
 /// ways at once) and `ib_read_bw` (64 KiB, 1 MiB), then the
 /// bench's verbs rows (`bench` built for the host, shared read-only), all in one boot.
 /// Figures under emulation mean nothing absolute: compare them with perftest's of the same boot.
+/// perftest runs on the bench's `--verbs-device` (`rxe0` when not given, `siw0` through
+/// rdma_cm), which the guest's bench receives with the user's other arguments.
 ///
 /// Returns the guest bench's report as JSON (its `--json-out`), for `bench merge`, and
 /// perftest's result rows as `(step, figure)`.
 pub fn bench_in_guest(bench: &Path, user_args: &[String]) -> Result<GuestBench, String> {
     let started = Instant::now();
+    let dev = verbs_device(user_args).unwrap_or_else(|| "rxe0".into());
+    let (dev_opts, addr) = perftest_device(&dev)?;
     let bed = Bed::prepare()?;
     let share = bed.new_share()?;
     let guest = bed.stage(&share, bench)?;
@@ -572,38 +614,37 @@ pub fn bench_in_guest(bench: &Path, user_args: &[String]) -> Result<GuestBench, 
     // perftest: a server in the background, the client against it; only its result rows.
     let pair = |cmd: &str| {
         format!(
-            "{cmd} >/dev/null 2>&1 & sleep 1; {cmd} $TB_IP_ADDR | grep -E '^ *#bytes|^ *[0-9]+ +[0-9]+'; wait"
+            "{cmd} >/dev/null 2>&1 & sleep 1; {cmd} {addr} | grep -E '^ *#bytes|^ *[0-9]+ +[0-9]+'; wait"
         )
     };
-    const DEV: &str = "-d rxe0 -x $TB_GID_INDEX";
     s.step(
         "perftest:ib_send_lat-2B",
         120,
         &format!(
             "{}; echo '(perftest latency = half a round trip: compare 2 x t_typical with the \
              round trips of the bench)'",
-            pair(&format!("ib_send_lat {DEV} -s 2 -n 5000"))
+            pair(&format!("ib_send_lat {dev_opts} -s 2 -n 5000"))
         ),
     );
     s.step(
         "perftest:ib_send_bw-64K",
         120,
         &pair(&format!(
-            "ib_send_bw {DEV} -F -n 2000 -s 65536 --report_gbits"
+            "ib_send_bw {dev_opts} -F -n 2000 -s 65536 --report_gbits"
         )),
     );
     s.step(
         "perftest:ib_write_bw-64K",
         120,
         &pair(&format!(
-            "ib_write_bw {DEV} -F -n 2000 -s 65536 --report_gbits"
+            "ib_write_bw {dev_opts} -F -n 2000 -s 65536 --report_gbits"
         )),
     );
     s.step(
         "perftest:ib_write_bw-1M",
         120,
         &pair(&format!(
-            "ib_write_bw {DEV} -F -n 300 -s 1048576 --report_gbits"
+            "ib_write_bw {dev_opts} -F -n 300 -s 1048576 --report_gbits"
         )),
     );
     // Both directions at once (`-b`): what an echo row, which carries its payload both ways,
@@ -613,7 +654,7 @@ pub fn bench_in_guest(bench: &Path, user_args: &[String]) -> Result<GuestBench, 
             &format!("perftest:ib_write_bw-{name}-bidirectional"),
             120,
             &pair(&format!(
-                "ib_write_bw {DEV} -F -b -n {n} -s {size} --report_gbits"
+                "ib_write_bw {dev_opts} -F -b -n {n} -s {size} --report_gbits"
             )),
         );
     }
@@ -623,7 +664,7 @@ pub fn bench_in_guest(bench: &Path, user_args: &[String]) -> Result<GuestBench, 
             &format!("perftest:ib_read_bw-{name}"),
             120,
             &pair(&format!(
-                "ib_read_bw {DEV} -F -n {n} -s {size} --report_gbits"
+                "ib_read_bw {dev_opts} -F -n {n} -s {size} --report_gbits"
             )),
         );
     }
@@ -667,59 +708,201 @@ pub struct GuestBench {
     pub perftest: Vec<(String, String)>,
 }
 
-/// Runs the verbs test suite in the guest. Fails (never skips) when the bed cannot run.
+/// A device and environment the whole verbs suite runs against, in a guest boot of its own
+/// (about 3 s each; no state left by one target's tests reaches the next).
+#[derive(Debug)]
+struct Target {
+    /// Names the target's log (`verbs-<tag>-<time>.log`).
+    tag: &'static str,
+    /// The device its tests must open (the device test's report is checked).
+    dev: &'static str,
+    /// How it differs from the plain device, for the summary line.
+    note: &'static str,
+    /// Shell lines at the top of its guest script: the variables its tests and bench read.
+    setup: &'static [&'static str],
+}
+
+impl Target {
+    /// `siw0`, `rxe0 (exposure: registration)`.
+    fn label(&self) -> String {
+        format!("{}{}", self.dev, self.note)
+    }
+}
+
+/// The targets of [`run_verbs_suite`], in order; the smoke suite runs in the first one's boot.
+const TARGETS: &[Target] = &[
+    Target {
+        tag: "rxe0",
+        dev: "rxe0",
+        note: "",
+        setup: &[],
+    },
+    // Rendezvous payloads exposed through registrations instead of memory windows (the mode
+    // devices without type-2 windows use), on the same device.
+    Target {
+        tag: "rxe0-registration",
+        dev: "rxe0",
+        note: " (exposure: registration)",
+        setup: &["export TRANSPORT_VERBS_EXPOSURE=registration"],
+    },
+    // soft-iWARP: the tests listen on $TB_IP_ADDR, which rdma_cm maps to siw0. iWARP has no
+    // RoCE GID: no GID index is given.
+    Target {
+        tag: "siw0",
+        dev: "siw0",
+        note: "",
+        setup: &[
+            r#"export TB_DEV="$TB_SIW_DEV" TB_NETDEV="$TB_SIW_NETDEV" TB_IP_ADDR="$TB_SIW_IP""#,
+            "unset TB_GID_INDEX",
+        ],
+    },
+];
+
+/// The most one target's guest script may take: a target whose tests hang (each binary may
+/// take [`TEST_TIMEOUT`]) is cut off here, so that `cargo xtask test` stays within CI's time.
+const TARGET_BUDGET: u32 = 1200;
+
+/// A verbs test binary staged in the share: its step name and guest command line.
+struct Staged {
+    name: String,
+    cmdline: String,
+}
+
+/// Runs the verbs test suite in the guest against each of [`TARGETS`]. Fails (never skips)
+/// when the bed cannot run.
 ///
 /// Builds transport-verbs' test binaries (and the `verbs::` variants of transport-stream's,
-/// grpc-demo's and bench's per-transport tests) on the host, boots the guest, runs the smoke suite and
-/// then every test binary with `TRANSPORT_VERBS_REQUIRE_DEVICE=1`. Ok only when the guest
-/// reported success, every step passed, each binary printed libtest's `test result: ok.` and at
-/// least one test passed, and the device test reported opening the device.
+/// grpc-demo's and bench's per-transport tests) on the host, then boots the guest once per
+/// target: the first boot runs the smoke suite, each runs every test binary with
+/// `TRANSPORT_VERBS_REQUIRE_DEVICE=1` and the target's variables, and the bench's verbs rows
+/// once. A target passes only when the guest reported success, every step passed, each binary
+/// printed libtest's `test result: ok.` and at least one test passed, and the device test
+/// reported opening the target's device. Every target runs, whatever the previous ones did;
+/// the result is Ok only when all of them passed.
 pub fn run_verbs_suite() -> Result<(), String> {
     let started = Instant::now();
     crate::deps::ensure_build_deps()?;
     let exes = build_verbs_tests()?;
+    let bench = build_bench_debug()?;
     let bed = Bed::prepare()?;
     let share = bed.new_share()?;
-    let mut s = RunScript::default();
-    script::smoke(&mut s, SMOKE_TIMEOUT);
-    let mut names = Vec::new();
+    let mut tests = Vec::new();
     for (exe, filter) in &exes {
         let guest_path = bed.stage(&share, exe)?;
         let filter = filter.unwrap_or_default();
-        let name = format!(
-            "test:{}",
-            exe.file_name().unwrap_or_default().to_string_lossy()
-        );
-        s.step(
-            &name,
-            TEST_TIMEOUT,
-            &format!(
+        tests.push(Staged {
+            name: format!(
+                "test:{}",
+                exe.file_name().unwrap_or_default().to_string_lossy()
+            ),
+            cmdline: format!(
                 "TRANSPORT_VERBS_REQUIRE_DEVICE=1 {guest_path} --test-threads=1 --nocapture {filter}"
             ),
-        );
-        names.push(name);
+        });
+    }
+    let guest_bench = bed.stage(&share, &bench)?;
+    let mut lines = Vec::new();
+    let mut failed = Vec::new();
+    for (i, target) in TARGETS.iter().enumerate() {
+        let started = Instant::now();
+        let verdict = run_target(&bed, &share, target, i == 0, &tests, &guest_bench);
+        let took = started.elapsed().as_secs_f64();
+        match verdict {
+            Ok(passed) => lines.push(format!(
+                "testbed: verbs suite passed: {passed} tests in {} binaries against {} \
+                 (guest {took:.1}s)",
+                tests.len(),
+                target.label()
+            )),
+            Err(e) => {
+                lines.push(format!(
+                    "testbed: verbs suite FAILED against {} (guest {took:.1}s): {e}",
+                    target.label()
+                ));
+                failed.push(target.label());
+            }
+        }
+    }
+    // Each target's own output scrolled by: its verdicts again, together.
+    println!();
+    for l in &lines {
+        println!("{l}");
+    }
+    println!(
+        "testbed: verbs suite: {} targets in {:.1}s (with the builds)",
+        TARGETS.len(),
+        started.elapsed().as_secs_f64()
+    );
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the verbs suite failed against {}",
+            failed.join(", ")
+        ))
+    }
+}
+
+/// One target's boot: the smoke suite if `smoke`, each test binary, the bench's verbs rows.
+/// Returns the number of tests that passed.
+fn run_target(
+    bed: &Bed,
+    share: &Share,
+    target: &Target,
+    smoke: bool,
+    tests: &[Staged],
+    guest_bench: &str,
+) -> Result<u64, String> {
+    let started = Instant::now();
+    let mut s = RunScript::default();
+    s.raw(&format!("# verbs suite against {}", target.label()));
+    for line in target.setup {
+        s.raw(line);
+    }
+    let mut secs = 30;
+    if smoke {
+        script::smoke(&mut s, SMOKE_TIMEOUT);
+        secs += SMOKE_TIMEOUT * SMOKE_STEPS;
+    }
+    let mut names = Vec::new();
+    for t in tests {
+        s.step(&t.name, TEST_TIMEOUT, &t.cmdline);
+        names.push(t.name.clone());
     }
     // The bench's verbs rows once, as a smoke (no figure is checked): the step fails unless
     // the report printed its verbs latency row and the polling line.
-    let bench = build_bench_debug()?;
-    let guest_bench = bed.stage(&share, &bench)?;
     s.step(
         "bench:verbs-smoke",
         TEST_TIMEOUT,
         &format!(
-            "{guest_bench} --transports verbs --pin none --ops ping,send --sizes 4K --bytes 1M \
-             --pings 200 --repeat 1 --no-progress > /tmp/bench.out 2>&1; rc=$?; \
-             cat /tmp/bench.out; [ $rc = 0 ] && grep -q '^  verbs .*[0-9]' /tmp/bench.out \
-             && grep -q 'verbs *polling: adaptive' /tmp/bench.out"
+            "{guest_bench} --transports verbs --verbs-device {} --pin none --ops ping,send \
+             --sizes 4K --bytes 1M --pings 200 --repeat 1 --no-progress > /tmp/bench.out 2>&1; \
+             rc=$?; cat /tmp/bench.out; [ $rc = 0 ] && grep -q '^  verbs .*[0-9]' /tmp/bench.out \
+             && grep -q 'verbs *polling: adaptive' /tmp/bench.out",
+            target.dev
         ),
     );
+    let n = u32::try_from(tests.len()).unwrap_or(u32::MAX);
+    secs += TEST_TIMEOUT.saturating_mul(n.saturating_add(1));
     share.write("run.sh", &s.finish())?;
-    let log = Log::create(&bed.cache.join("logs"), "verbs")?;
-    let n = u32::try_from(exes.len()).unwrap_or(u32::MAX);
-    let secs = SMOKE_TIMEOUT * SMOKE_STEPS + TEST_TIMEOUT.saturating_mul(n + 1) + 30;
-    let outcomes = bed.boot(vec![single_guest(&share, secs, None)], &log)?;
-    report(&outcomes, &log, started)?;
-    check_tests_ran(&outcomes[0], &names, &log)
+    let log = Log::create(&bed.cache.join("logs"), &format!("verbs-{}", target.tag))?;
+    log.line(&format!("testbed: verbs suite against {}", target.label()));
+    let outcomes = bed.boot(
+        vec![single_guest(share, secs.min(TARGET_BUDGET), None)],
+        &log,
+    )?;
+    let o = &outcomes[0];
+    let guest = report(&outcomes, &log, started);
+    // The steps' own verdicts name what failed better than the guest's status does.
+    let ran = check_tests_ran(o, &names, target, &log);
+    let budget_spent = o.rc == Some(137) && secs > TARGET_BUDGET;
+    match (guest, ran) {
+        (Ok(()), Ok(n)) => Ok(n),
+        (_, Err(e)) | (Err(e), Ok(_)) if budget_spent => Err(format!(
+            "{e}; the guest script was killed when the target's budget of {TARGET_BUDGET}s ran out"
+        )),
+        (_, Err(e)) | (Err(e), Ok(_)) => Err(e),
+    }
 }
 
 /// Test binaries that must pass at least this many tests in the guest: a suite that skipped
@@ -755,8 +938,14 @@ const MIN_PASSED: &[(&str, u64)] = &[
 /// Printed by a verbs test that found no device and did not run (must never happen here).
 const SKIP_MARKER: &str = "case not run";
 
-/// The guest passing is not enough: each test binary must have run and passed tests.
-fn check_tests_ran(o: &Outcome, names: &[String], log: &Arc<Log>) -> Result<(), String> {
+/// The guest passing is not enough: each test binary must have run and passed tests, and the
+/// device test must have opened the target's device. Returns the number of tests passed.
+fn check_tests_ran(
+    o: &Outcome,
+    names: &[String],
+    target: &Target,
+    log: &Arc<Log>,
+) -> Result<u64, String> {
     let steps = o.steps();
     let mut passed_total = 0u64;
     let mut current: Option<&str> = None;
@@ -774,17 +963,26 @@ fn check_tests_ran(o: &Outcome, names: &[String], log: &Arc<Log>) -> Result<(), 
             results.push((step.to_owned(), n));
         }
     }
-    for name in names {
-        let ok = steps
-            .iter()
-            .any(|(s, how)| s == name && how.starts_with("ok"));
-        let reported = results.iter().any(|(s, _)| s == name);
-        if !ok || !reported {
-            return Err(format!(
-                "{name} did not run to a passing `test result` in the guest (log: {})",
-                log.path().display()
-            ));
-        }
+    let failed: Vec<&str> = names
+        .iter()
+        .filter(|name| {
+            let ok = steps
+                .iter()
+                .any(|(s, how)| s == *name && how.starts_with("ok"));
+            let reported = results.iter().any(|(s, _)| s == *name);
+            !ok || !reported
+        })
+        .map(String::as_str)
+        .collect();
+    if !failed.is_empty() {
+        return Err(format!(
+            "{} of {} test binaries did not run to a passing `test result` in the guest: {} \
+             (log: {})",
+            failed.len(),
+            names.len(),
+            failed.join(", "),
+            log.path().display()
+        ));
     }
     if passed_total == 0 {
         return Err("the verbs test binaries ran but no test passed".into());
@@ -810,28 +1008,27 @@ fn check_tests_ran(o: &Outcome, names: &[String], log: &Arc<Log>) -> Result<(), 
             log.path().display()
         ));
     }
-    if !o
-        .transcript
-        .iter()
-        .any(|l| l.starts_with("transport-verbs device test: opened "))
-    {
+    let opened = format!("transport-verbs device test: opened {} ", target.dev);
+    if !o.transcript.iter().any(|l| l.starts_with(&opened)) {
         return Err(format!(
-            "the device test did not report opening the rxe device (log: {})",
+            "the device test did not report opening {} (log: {})",
+            target.dev,
             log.path().display()
         ));
     }
     let line = format!(
-        "testbed: verbs suite passed: {passed_total} tests in {} binaries against rxe0",
-        names.len()
+        "testbed: verbs suite passed: {passed_total} tests in {} binaries against {}",
+        names.len(),
+        target.label()
     );
     println!("{line}");
     log.line(&line);
-    Ok(())
+    Ok(passed_total)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::guest_bench_args;
+    use super::{guest_bench_args, perftest_device, verbs_device, TARGETS};
 
     fn args(s: &str) -> Vec<String> {
         s.split_whitespace().map(String::from).collect()
@@ -855,5 +1052,42 @@ mod tests {
             args("--transports verbs --pin none --sizes 64K,1M --bytes 20M --pings 6000 --no-progress")
         );
         assert!(!guest_bench_args(&args("--full")).contains(&"--sizes".to_string()));
+    }
+
+    /// `--verbs-device` chooses perftest's device and reaches the guest's bench unchanged.
+    #[test]
+    fn the_verbs_device_reaches_perftest_and_the_guest_bench() {
+        assert_eq!(verbs_device(&args("--sizes 4K")), None);
+        assert_eq!(
+            verbs_device(&args("--verbs-device siw0 --sizes 4K")).as_deref(),
+            Some("siw0")
+        );
+        assert_eq!(
+            verbs_device(&args("--verbs-device=rxe0")).as_deref(),
+            Some("rxe0")
+        );
+        assert!(guest_bench_args(&args("--verbs-device siw0"))
+            .windows(2)
+            .any(|w| w == ["--verbs-device", "siw0"]));
+        let (opts, addr) = perftest_device("siw0").unwrap();
+        assert!(opts.contains("-R") && addr == "$TB_SIW_IP", "{opts} {addr}");
+        let (opts, addr) = perftest_device("rxe0").unwrap();
+        assert!(opts.contains("$TB_GID_INDEX") && addr == "$TB_IP_ADDR");
+        assert!(perftest_device("mlx5_0").is_err());
+    }
+
+    /// Each target has its own log name, and the siw target points the tests at siw0.
+    #[test]
+    fn targets_are_distinct_and_the_siw_one_moves_the_address() {
+        let mut tags: Vec<&str> = TARGETS.iter().map(|t| t.tag).collect();
+        tags.sort_unstable();
+        tags.dedup();
+        assert_eq!(tags.len(), TARGETS.len());
+        assert_eq!(TARGETS[0].label(), "rxe0");
+        assert_eq!(TARGETS[1].label(), "rxe0 (exposure: registration)");
+        let siw = TARGETS.iter().find(|t| t.dev == "siw0").unwrap();
+        let setup = siw.setup.join("\n");
+        assert!(setup.contains(r#"TB_IP_ADDR="$TB_SIW_IP""#), "{setup}");
+        assert!(setup.contains(r#"TB_DEV="$TB_SIW_DEV""#), "{setup}");
     }
 }
