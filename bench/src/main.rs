@@ -251,7 +251,7 @@ struct RunArgs {
     /// 2 x SIZE, its request and its reply). Default 2M on uds and tcp, where
     /// bytes in flight beyond the CPU cache cost more than they hide, and 8M on verbs (an eighth
     /// of a locked-memory limit if less, at least 2M), whose rendezvous moves a large payload
-    /// after a round trip of its own, so that 2 MiB (two 1 MiB calls) left the device idle
+    /// after a round trip of its own, so that with two 1 MiB calls in flight the device idles
     /// between them (K/M suffixes allowed; given, it applies to all).
     #[arg(long, value_parser = parse_bytes)]
     window_bytes: Option<usize>,

@@ -249,8 +249,8 @@ where
     }
     // CPU, faults and switches up to the end of the last thread's measured work: closing the
     // connections and dropping the runtimes afterwards (freeing pools, joining tasks) is not
-    // the job's cost. It was counted before, against an elapsed time that excluded it, and
-    // made a short run's CPU per GB exceed one CPU on one CPU.
+    // the job's cost, and the elapsed time the figures are divided by excludes it
+    // (docs/notes/2026-12-02-bench-rusage-of-the-measured-work.md).
     let used = results
         .iter()
         .max_by_key(|r| r.end)
@@ -745,7 +745,7 @@ async fn rpc_op<S: MessageSender>(
             let want = if job.op == Op::Send { 0 } else { job.size };
             // `window` callers, each making its calls one after the other (an ORB's client
             // threads): a caller's call lives inside it, with no allocation and no move of
-            // the call's future per call (`buffer_unordered` did both).
+            // the call's future per call (`buffer_unordered` makes both).
             let issued = std::sync::atomic::AtomicU64::new(0);
             let caller = || async {
                 loop {

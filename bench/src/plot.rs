@@ -750,8 +750,8 @@ pub(crate) mod tests {
             .collect()
     }
 
-    /// Whether some label holds six or more digits followed by " B" (the unreadable raw
-    /// byte counts of the old axis).
+    /// Whether some label holds six or more digits followed by " B" (a raw byte count,
+    /// unreadable on an axis).
     pub(crate) fn has_raw_byte_count(labels: &[String]) -> bool {
         labels.iter().any(|l| {
             l.match_indices(" B")

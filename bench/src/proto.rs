@@ -522,8 +522,8 @@ mod tests {
     }
 
     /// Counts and sizes from the wire outside the limits are refused with one `err` message
-    /// and the connection closed: no data at all is sent for them (the unbounded server
-    /// streamed 2^64-1 messages for the first one).
+    /// and the connection closed: no data at all is sent for them (a server without the
+    /// limits would stream 2^64-1 messages for the first one).
     #[tokio::test]
     async fn source_refuses_requests_outside_the_limits() {
         let addr = server().await;

@@ -76,7 +76,7 @@ pub struct Diagnosis {
 pub struct Report {
     /// Tool version.
     pub version: String,
-    /// The machine it was measured on (absent in reports of older versions).
+    /// The machine it was measured on (absent in reports without it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<crate::machine::Machine>,
     /// Placement of client and server.
@@ -1098,8 +1098,8 @@ pub(crate) mod tests {
             .unwrap_or_else(|| panic!("no row {first:?} in {table}"))
     }
 
-    /// The tables show os beside raw and rpc, and raw and rpc against os; the columns that
-    /// were there keep their place relative to each other and their meaning.
+    /// The tables show os beside raw and rpc, and raw and rpc against os; raw and rpc keep
+    /// their order and their meaning beside it.
     #[test]
     fn tables_show_the_os_column_and_the_utilization_against_it() {
         let text = report(vec![transport("uds", true), transport("tcp", false)]).render();
@@ -1206,8 +1206,7 @@ pub(crate) mod tests {
             .starts_with("not measured"));
     }
 
-    /// The kind of limit is typed in the report and named in the JSON beside the text, which
-    /// stays where it was.
+    /// The kind of limit is typed in the report and named in the JSON beside the text.
     #[test]
     fn json_names_the_kind_of_os_baseline() {
         let mut verbs = transport("verbs", true);

@@ -43,7 +43,7 @@ pub struct Settings {
     /// Whether an echo call counts its payload twice against `window_bytes` (its request and
     /// its reply are both in flight): on uds and tcp, where the window keeps the calls' bytes
     /// within the CPU cache. Not on verbs ([`Settings::for_verbs`]), whose window keeps each
-    /// direction's rendezvous busy. Reports written before this field counted echo once.
+    /// direction's rendezvous busy. A report without this field counts echo once.
     #[serde(default)]
     pub echo_both_ways: bool,
     /// CPU the client threads are pinned to.
@@ -54,8 +54,8 @@ pub struct Settings {
     /// Payloads in heap memory, not the transport's buffer pool (`--heap-payload`).
     #[serde(default)]
     pub heap_payload: bool,
-    /// What the raw rows of send, recv and echo measure (`--raw-twoway`); reports written
-    /// before this field measured streams.
+    /// What the raw rows of send, recv and echo measure (`--raw-twoway`); a report without
+    /// this field has stream rows.
     #[serde(default)]
     pub raw_twoway: measure::RawTwoway,
 }
@@ -63,9 +63,9 @@ pub struct Settings {
 /// Default of [`Settings::window_bytes`] (`--window-bytes`): 2 MiB.
 pub const WINDOW_BYTES: usize = 2 << 20;
 /// Default of [`Settings::verbs_window_bytes`]: 8 MiB. A 1 MiB echo call over verbs is an RTS
-/// and a READ each way; two calls in flight (2 MiB) left the device idle between them: RPC echo
-/// 1 MiB moved 85-86% of the raw stream with 2 MiB, 94-95% with 4 MiB and 98-99% with 8 MiB
-/// (soft-RoCE guest, 2026-12-03, docs/bench.md).
+/// and a READ each way; with two calls in flight (2 MiB) the device idles between them, and
+/// RPC echo of 1 MiB comes closest to the raw stream with 8 MiB
+/// (docs/notes/2026-12-03-bench-window-bytes-echo-and-verbs.md).
 pub const VERBS_WINDOW_BYTES: usize = 8 << 20;
 
 fn default_verbs_window_bytes() -> usize {

@@ -3,7 +3,7 @@
 //!
 //! When the peer runs on another CPU, a reply often arrives a few microseconds after the
 //! runtime ran out of work; parking in `epoll_wait` then costs a sleep and a cross-CPU wake-up
-//! (on a VM, ~90 µs per round trip for everyone, blocking sockets included). With the hook
+//! (on a VM, tens of microseconds per round trip, blocking sockets included). With the hook
 //! from [`park_hook`] installed in a tokio runtime (`Builder::on_thread_park`), the thread
 //! first polls (zero timeout, yielding the CPU between polls) the sockets that stream receivers
 //! on it are waiting on, for at most the budget: TCP and other sockets through an epoll set of
@@ -12,12 +12,12 @@
 //!
 //! Why an epoll set for TCP: `poll(2)` reads the socket's state, which for TCP shows
 //! the data a moment before the kernel runs the socket's wake-up callbacks (it first processes
-//! the segment's acknowledgement). A spin that returned on `poll(2)` then sent the runtime into
-//! `epoll_wait` before its event was queued, and the runtime slept until the callback woke it:
-//! on this project's 2-vCPU VM, whole TCP connections settled into ~60 µs round trips instead
-//! of ~8 µs. An event in an epoll set means the callbacks have run, the runtime's included. A
-//! Unix socket queues its data and runs its callbacks together, so `poll(2)`, which costs less,
-//! is safe there.
+//! the segment's acknowledgement). A spin that returned on `poll(2)` would send the runtime
+//! into `epoll_wait` before its event is queued, and the runtime would sleep until the
+//! callback woke it: whole TCP connections then settle into round trips several times longer
+//! (docs/notes/2026-12-02-bench-spin-before-sleeping.md). An event in an epoll set means the
+//! callbacks have run, the runtime's included. A Unix socket queues its data and runs its
+//! callbacks together, so `poll(2)`, which costs less, is safe there.
 //!
 //! It costs CPU only after activity: a thread parks once per wake-up, so an idle process spins
 //! once (one budget) and then sleeps. Spins that keep finding nothing (the peer shares this

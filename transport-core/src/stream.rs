@@ -7,8 +7,8 @@
 //! read straight into a buffer of its own size taken from a small per-connection pool: the
 //! buffer goes back to the pool when the last view of the payload drops, so a steady stream of
 //! large messages reuses memory whose pages are already mapped instead of faulting in fresh
-//! pages for every message (on Linux that cost a large RPC response ~120 page faults per
-//! 500 KB). Framing is [`crate::frame`]: the sender queues [`FrameEncoder`] frames, the
+//! pages for every message (on Linux ~120 page faults per 500 KB response). Framing is
+//! [`crate::frame`]: the sender queues [`FrameEncoder`] frames, the
 //! receiver's small and large frames both come out of its one [`FrameDecoder`] (a large one
 //! is taken over with [`FrameDecoder::detach`]).
 //!
@@ -63,7 +63,7 @@ const LARGE_FIRST_CHUNK: usize = 64 << 10;
 /// Slices per vectored write (two per message; well under IOV_MAX).
 const MAX_SLICES: usize = 64;
 /// Most large-frame buffers a receiver keeps for reuse: enough for a window of 64 large
-/// replies held at once (16 made a window of 32 allocate half its buffers afresh).
+/// replies held at once (a window larger than the pool allocates the rest afresh).
 const LARGE_POOL_MAX_BUFFERS: usize = 64;
 /// Most bytes of large-frame buffers a receiver keeps for reuse.
 const LARGE_POOL_MAX_BYTES: usize = 64 << 20;
@@ -71,7 +71,7 @@ const LARGE_POOL_MAX_BYTES: usize = 64 << 20;
 const LARGE_POOL_MAX_BUFFER: usize = 16 << 20;
 /// Longest read into the read buffer right after a large frame. Large frames tend to follow
 /// large frames, and whatever a read takes of the next one's payload has to be copied into
-/// that frame's own buffer: a full 64 KiB read ahead cost a stream of 256 KB messages a
+/// that frame's own buffer: a full 64 KiB read ahead costs a stream of 256 KB messages a
 /// quarter of a payload copy per message. A short read costs one more system call instead.
 const READ_AFTER_LARGE: usize = 1024;
 
@@ -218,7 +218,7 @@ impl<W: AsyncWrite + Unpin + Send + 'static> StreamSender<W> {
                 }
                 // One contiguous part (a frame with an empty payload, such as a `void o()`
                 // call or its reply): a plain write, which spares the kernel importing an
-                // iovec array (docs/bench.md, "One contiguous write").
+                // iovec array (docs/notes/2026-12-03-bench-one-contiguous-write.md).
                 if n_slices == 1 {
                     return std::pin::Pin::new(&mut *io).poll_write(cx, &slices[0]);
                 }
@@ -304,9 +304,9 @@ impl LargePool {
 
     /// An empty buffer with room for `total` bytes, if one is pooled that fits without
     /// much waste: the one given back last, whose bytes are the likeliest to still be in
-    /// the CPU cache for the kernel's copy into it (taking the oldest cycled a window of
-    /// replies through every pooled buffer). Measured on one CPU, uds recv 64 KiB: no change
-    /// in throughput beyond the noise; the order is kept because it is the one a cache wants.
+    /// the CPU cache for the kernel's copy into it (taking the oldest cycles a window of
+    /// replies through every pooled buffer). The order makes no throughput difference beyond
+    /// the noise; it is kept because it is the one a cache wants.
     fn take(&self, total: usize) -> Option<(Vec<u8>, Charge)> {
         let mut free = self.lock();
         let i = free
@@ -758,7 +758,7 @@ mod tests {
 
     /// The write futures stay small: the RPC client boxes one per batch it writes, and a
     /// future over ~1 KiB misses the allocator's per-thread cache (the vectored write's 64
-    /// slices once lived in it: 1.1 KiB, ~500 more instructions per RPC call on uds).
+    /// slices would make it 1.1 KiB; docs/notes/2026-12-03-bench-instructions-per-call.md).
     #[test]
     fn write_futures_keep_their_slices_off_the_future() {
         let (mut tx, _rx, _) = pair(1 << 20);
@@ -853,7 +853,7 @@ mod tests {
             (&[9u8][..], &b"small"[..])
         );
         // The first frame's start came with a full read buffer; the other seven with at most
-        // READ_AFTER_LARGE bytes each (it was ~64 KiB each before).
+        // READ_AFTER_LARGE bytes each, not a full read buffer.
         let copied = m.snapshot().payload_bytes_copied;
         assert!(
             copied <= (64 << 10) + 7 * READ_AFTER_LARGE as u64,
@@ -891,9 +891,8 @@ mod tests {
     }
 
     /// A window of more than 16 large frames held at once goes back to the pool whole, and
-    /// the next window reuses every buffer. The pool kept 16 before: a window of 32 RPC
-    /// replies of 64 KiB then allocated half its buffers afresh (4.7 page faults per call,
-    /// half the throughput).
+    /// the next window reuses every buffer (a pool of 16 would make a window of 32 RPC
+    /// replies of 64 KiB allocate half its buffers afresh).
     #[tokio::test]
     async fn a_window_of_32_large_frames_reuses_all_its_buffers() {
         let (mut tx, mut rx, _) = pair(8 << 20);

@@ -328,3 +328,8 @@ pub type UdsReceiver = SocketReceiver<UnixStream>;
 #[doc = include_str!("../../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// docs/rpc.md's examples, compiled and run as doc tests.
+#[doc = include_str!("../../docs/rpc.md")]
+#[cfg(doctest)]
+pub struct RpcDocDoctests;

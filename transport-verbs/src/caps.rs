@@ -6,7 +6,7 @@
 //! advertises only the type-1 flag; bnxt_re's userspace provider cannot allocate one; qedr, siw
 //! and ocrdma have none; cxgb4 has type 1 only. iWARP devices (siw, cxgb4, qedr and irdma in
 //! iWARP mode) have no receiver-not-ready retry and need the sink of an RDMA READ registered
-//! for remote write. So nothing is assumed: [`DeviceCaps::probe`] asks the device (and binds a
+//! for remote write. So nothing is assumed: `DeviceCaps::probe` asks the device (and binds a
 //! window to a throw-away queue pair rather than trusting a flag), and [`Paths::choose`] turns
 //! the answers and the [`VerbsConfig`] into the settings a connection uses.
 //!
@@ -295,7 +295,7 @@ impl fmt::Display for Paths {
     }
 }
 
-/// Probes every RDMA device of this machine ([`DeviceCaps::probe`]: attributes, a queue
+/// Probes every RDMA device of this machine (`DeviceCaps::probe`: attributes, a queue
 /// pair's inline size, a type-2 window bound to a throw-away queue pair). Fails like
 /// [`crate::list_devices`] without a device or rdma-core.
 pub fn probe_devices() -> Result<Vec<DeviceCaps>, crate::VerbsError> {

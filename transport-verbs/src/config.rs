@@ -9,10 +9,11 @@ use crate::engine;
 use crate::error::VerbsError;
 use crate::proto;
 
-/// Default of [`VerbsConfig::poll_spin`] (see the crate docs' measured defaults).
+/// Default of [`VerbsConfig::poll_spin`] (see the crate docs' defaults).
 pub const DEFAULT_POLL_SPIN: Duration = Duration::from_millis(10);
 
-/// Default of [`VerbsConfig::poll_together_from`] (measured in docs/scenarios.md).
+/// Default of [`VerbsConfig::poll_together_from`]
+/// (docs/notes/2026-12-04-scenarios-polled-together.md).
 pub const DEFAULT_POLL_TOGETHER_FROM: usize = 128;
 
 /// How rendezvous payloads are exposed to the peer's RDMA READ ([`VerbsConfig::exposure`]).
@@ -135,22 +136,22 @@ pub struct VerbsConfig {
     /// the connection's driver. Traffic that keeps coming within the budget never
     /// pays for a completion event and a wake-up; an idle connection spins for at most this
     /// long after its last activity, then sleeps. `Duration::ZERO` sleeps at once (pure event
-    /// mode). Default 10 ms: traffic that comes at least every 10 ms
-    /// keeps its connection polling (calls with a 5 ms handler kept the soft-RoCE guest's two
-    /// vCPUs 96% busy against 41% at 1 ms), in exchange for no completion event per message
-    /// (100 clients on one runtime: 2.5x the calls/s of 1 ms); lower it where CPU matters more
-    /// than latency (docs/scenarios.md).
+    /// mode). Default 10 ms: traffic that comes at least every 10 ms keeps its connection
+    /// polling, which costs CPU where traffic is sparse but steady (calls with a 5 ms handler
+    /// keep the soft-RoCE guest's vCPUs busy), in exchange for no completion event per message
+    /// (many clients on one runtime make several times the calls/s of a 1 ms budget); lower it
+    /// where CPU matters more than latency (docs/notes/2026-12-04-scenarios-spin-budget-10ms.md).
     pub poll_spin: Duration,
     /// Receivers spinning at once on one thread from which the thread polls them together.
     /// Below it, a receiver waiting for a message polls its connection's CQ on its own task
     /// while the spin budget runs (a lone ping-pong takes its reply with no hop). From it on,
     /// one task per thread polls the CQs of all the thread's waiting receivers in turn and
     /// hands each its message, until none waits: hundreds of receivers spinning each on its
-    /// own task starved the tasks woken from other threads, and some connections waited
-    /// seconds for a call that others made every few milliseconds. Default 128: the soft-RoCE
+    /// own task starve the tasks woken from other threads, and some connections wait
+    /// seconds for a call that others make every few milliseconds. Default 128: the soft-RoCE
     /// guest's clients scenario is unchanged up to 100 clients on one runtime and fair beyond
-    /// (300 clients: Jain's index 0.4-0.6 → 0.9, p99 -40%; 1000: calls/s +40-65%;
-    /// docs/scenarios.md). 0: always together; `usize::MAX`: never.
+    /// (docs/notes/2026-12-04-scenarios-polled-together.md). 0: always together;
+    /// `usize::MAX`: never.
     pub poll_together_from: usize,
     /// Time limit of each connection-setup step.
     pub connect_timeout: Duration,

@@ -49,9 +49,9 @@ const OUTQ_MAX: usize = 64;
 /// spin budget to size it by).
 const MIN_LEASE: std::time::Duration = std::time::Duration::from_millis(1);
 /// CQ polls a waiting receiver makes between two yields to the runtime while the spin budget
-/// runs (from its second turn on). Measured in the soft-RoCE guest (two boots, five runs of
-/// each): raw ping p50 1.71-1.91x the link with 0 → 1.65-1.75x with 64, RPC 2.00-2.28x →
-/// 1.93-2.15x; 128 and 256 in the same range as 64 (docs/verbs.md).
+/// runs (from its second turn on): a few polls per yield bring the soft-RoCE guest's ping
+/// closer to the link, and more than 64 gain nothing
+/// (docs/notes/2026-12-02-verbs-cq-polls-before-yield.md).
 const TIGHT_POLLS: u32 = 64;
 
 /// Where the driver's timer is parked while the engine has no deadline: far enough that it
@@ -272,8 +272,9 @@ pub(crate) fn start(est: Established) -> Result<VerbsConnection, TransportError>
             return false;
         };
         // Waits for a half that holds the lock (never across an await). Skipping the event
-        // then instead lost it: the half had taken the completions, the pump did not arm the
-        // CQ again, and with the driver's runtime busy no later completion raised an event.
+        // instead would lose it: the half may have taken the completions, the pump would not
+        // arm the CQ again, and with the driver's runtime busy no later completion would raise
+        // an event.
         let mut core = lock(&core);
         core.on_cq_event()
     });
@@ -478,8 +479,9 @@ impl Core {
     /// driver must act instead (it is awake, or something failed).
     ///
     /// With many connections on one runtime, each woken by events, the buffers of the
-    /// shared receive queue otherwise stayed taken until that runtime reached each driver:
-    /// 1000 clients emptied a queue of 128 and spent the CPU on RNR retries (docs/scenarios.md).
+    /// shared receive queue would otherwise stay taken until that runtime reaches each
+    /// driver: a thousand clients empty a queue of 128 and spend the CPU on RNR retries
+    /// (docs/notes/2026-12-03-scenarios-rnr-retries.md).
     fn on_cq_event(&mut self) -> bool {
         if !self.parked || self.deferring || self.cfg.busy_poll || !self.usable() {
             return false;
@@ -510,7 +512,7 @@ impl Core {
     /// `IBV_EVENT_SRQ_LIMIT_REACHED`): drains the CQ, whose receive completions hold its
     /// buffers, and posts them again. A connection that spins on a runtime busy with others
     /// polls its CQ only when that runtime comes round, and a spinning CQ raises no event, so
-    /// without this the queue stayed empty and the peers' sends waited on RNR retries.
+    /// without this the queue stays empty and the peers' sends wait on RNR retries.
     /// Returns whether it took anything (the connection then spins, and its driver is woken
     /// if it must act).
     fn reclaim(&mut self) -> bool {
@@ -755,10 +757,10 @@ impl Core {
     /// just delivered a message: the driver yields first (`Core::reads_yield`), so that the
     /// application takes the message and answers before the READ goes out. A software device
     /// (rxe) runs a READ's whole transfer in the softirq of the CPU whose thread posted it:
-    /// posted from the application's thread, or before its answer, a 1 MiB READ held that
-    /// thread and the answer for the whole transfer, and an echo of 1 MiB moved one transfer
-    /// at a time across both sides (docs/verbs.md). On hardware the deferral costs one turn
-    /// of the runtime before a large transfer.
+    /// posted from the application's thread, or before its answer, a 1 MiB READ holds that
+    /// thread and the answer for the whole transfer, and an echo of 1 MiB moves one transfer
+    /// at a time across both sides (docs/notes/2026-12-03-verbs-echo-1mib.md). On hardware the
+    /// deferral costs one turn of the runtime before a large transfer.
     fn pump_out(&mut self) -> Result<(), Fail> {
         let hold = !self.driver_turn || (self.delivered_now && !self.reads_after_yield);
         self.engine.set_reads_held(hold);
@@ -982,7 +984,7 @@ impl Driver {
                     // Nothing to wait for. The timer is not polled then, but an entry left at
                     // its old deadline (the hello deadline of a connection set up long ago)
                     // would still fire and wake this task once: with many idle connections
-                    // that was most of their wake-ups. Move it out of the way instead.
+                    // that would be most of their wake-ups. Move it out of the way instead.
                     None => tokio::time::Instant::now() + IDLE_TIMER,
                 };
                 self.timer.as_mut().reset(at);
@@ -1348,9 +1350,10 @@ impl Drop for VerbsSender {
         core.sender_gone();
         // The CLOSE is posted by the driver, not here: a process dropping many connections at
         // once (tests/scale.rs: 2000 halves in one loop) would otherwise fire all their CLOSEs
-        // in one burst into the peers' shared receive queue (128 buffers). Measured on
-        // soft-RoCE: hundreds of those CLOSEs saw no completion until `linger` ran out (likely
-        // RNR retries of the burst), and 1000 pairs took 10-55 s to tear down instead of 2-3 s.
+        // in one burst into the peers' shared receive queue (128 buffers). On soft-RoCE such
+        // a burst leaves hundreds of CLOSEs without a completion until `linger` runs out
+        // (likely RNR retries of the burst), and teardown takes several times as long
+        // (docs/notes/2026-12-02-verbs-rpc-client-without-reader-task.md).
         // The driver spins for the budget meanwhile, as after any activity.
         core.active();
         drop(core);

@@ -750,7 +750,8 @@ fn wc_status(wc: &sys::ibv_wc) -> Result<(), WcFailure> {
 
 /// Work-request lists built for one post and kept for the next: once they have grown to the
 /// largest batch, posting allocates nothing (an allocation and its release cost more than the
-/// rest of a small send's path in the soft-RoCE guest; see docs/verbs.md). Empty between posts.
+/// rest of a small send's path in the soft-RoCE guest;
+/// docs/notes/2026-12-03-verbs-where-a-round-trip-goes.md). Empty between posts.
 #[derive(Default)]
 struct WrLists {
     send: Vec<sys::ibv_send_wr>,

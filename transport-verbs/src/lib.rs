@@ -120,9 +120,9 @@
 //!   one thread per device reads the channel (`cq_pump.rs`), so no connection costs a file
 //!   descriptor. At an event of a connection whose driver sleeps on the channel, that thread
 //!   drains the CQ itself (the shared receive queue gets its buffers back at once, not when a
-//!   busy runtime reaches the driver: with 1000 clients on one runtime the queue otherwise ran
-//!   dry and RNR retries took the CPU) and then wakes the driver, on whichever runtime it
-//!   lives, to spin for its budget; every drain takes the CQ completely and posts
+//!   busy runtime reaches the driver, where with a thousand clients on one runtime the queue
+//!   would run dry and RNR retries would take the CPU) and then wakes the driver, on whichever
+//!   runtime it lives, to spin for its budget; every drain takes the CQ completely and posts
 //!   everything credits allow with one doorbell. Sends are signaled selectively: the last of each batch and at
 //!   least one per quarter of the send queue; a completion releases every buffer up to it.
 //! - **Adaptive polling.** After any activity (a completion, a message to send, an rdma_cm
@@ -137,13 +137,13 @@
 //! - **Polling together.** Once `poll_together_from` (default 128) receivers spin on one
 //!   thread, the next ones wait through that thread's poller (`conn/poller.rs`): one task that
 //!   polls each of their CQs per turn and hands the messages over with local wake-ups, until
-//!   none waits. Hundreds of receivers spinning each on its own task filled the runtime's
-//!   local queue, and the tasks the pump thread woke waited behind them (tokio serves its
-//!   injection queue once every 31 local polls): at 300 clients on one runtime some callers
-//!   made 5 calls in 3 s and others 400. Polled together, every waiting connection is looked
-//!   at once per turn (300 clients: Jain's fairness index 0.45 → 0.91-0.95, p99 -38%; 1000:
-//!   0.10-0.33 → 0.84, p99 -35-45%; 10 and 100 clients and the ping-pong unchanged;
-//!   docs/scenarios.md).
+//!   none waits. Hundreds of receivers spinning each on its own task fill the runtime's
+//!   local queue, and the tasks the pump thread wakes wait behind them (tokio serves its
+//!   injection queue once every 31 local polls): with hundreds of clients on one runtime some
+//!   callers make a handful of calls while others make hundreds. Polled together, every
+//!   waiting connection is looked at once per turn, which makes those runs fair and leaves
+//!   fewer clients and the ping-pong as they are
+//!   (docs/notes/2026-12-04-scenarios-polled-together.md).
 //! - **No task hop on the way.** The queue pair and the engine sit behind one lock that the
 //!   driver task and both halves take (`conn.rs`). `send` hands its message to the engine and
 //!   posts it on the caller's task; `recv`, while the spin budget runs, polls the CQ itself and
@@ -220,37 +220,22 @@
 //! window is invalidated or deallocated before the payload it exposed is released, and the
 //! queue pair is destroyed before any of that memory (see the `ffi` module).
 //!
-//! ## Defaults, measured
+//! ## Defaults
 //!
-//! In the soft-RoCE guest (64 KiB one-way RPCs, 16 in flight; `examples/rpc_echo.rs`):
-//! 64 receive buffers beat 32 (0.17 vs 0.11 Gbit/s in one run; 128 gave 0.20 for twice the
-//! memory), and eager SEND beat rendezvous at 64 KiB (0.19 vs 0.14 one-way, 0.16 vs 0.09 per
-//! direction for echo), hence `recv_depth = 64` and `eager_limit = 64 KiB`. Busy-polling lost
-//! to the event mode there (2 vCPUs shared with rxe's kernel work); on real NICs with spare cores
-//! it is the low-latency choice.
+//! `recv_depth = 64` and `eager_limit = 64 KiB`: in the soft-RoCE guest (64 KiB one-way RPCs,
+//! 16 in flight; `examples/rpc_echo.rs`) 64 receive buffers move more than 32 (128 little
+//! more, for twice the memory), and eager SEND beats rendezvous at 64 KiB
+//! (docs/notes/2026-12-01-verbs-rpc-echo-against-perftest.md). Busy-polling loses to the event
+//! mode there (2 vCPUs shared with rxe's kernel work); on real NICs with spare cores it is the
+//! low-latency choice.
 //!
-//! `poll_spin = 10 ms` (since 2026-12-04; 1 ms before): with many connections on one runtime
-//! each connection's own traffic comes less often than every millisecond, so a 1 ms budget ran
-//! out between its messages and every message paid a completion event, although the device
-//! never rested. One guest boot, two rounds of `bench scenario clients --transports verbs
-//! --clients 1,10,100,300,1000 --pin none --seconds 3 --verbs-poll-us N` (calls/s, 1 ms → 3 ms
-//! → 10 ms): 1 client 14 337/15 397 → 15 740/15 492 → 16 741/15 832; 10 clients 11 717/12 151
-//! → 14 732/13 488 → 15 530/15 684; 100 clients 6 158/6 264 → 10 260/10 969 → 15 526/15 822
-//! (p99 209/170 ms → 14/12 ms); 300 clients 5 914/6 154 → 11 217/10 799 → 12 567/13 469; 1000
-//! clients 5 588/5 933 → 9 677/7 306 → 8 637/8 147 (30 ms, one round: 10 945, p99 2.3 s). In
-//! the same boot `bench local --transports verbs --pin none --ops ping,send,oneway,echo --sizes
-//! 64K,1M --pings 6000 --repeat 2 --bytes 30M`, two rounds alternated: ping p50 unchanged (RPC
-//! 55.3/57.5 → 55.2/55.2 µs), RPC oneway 64 KiB 381/405 → 433/426 Mbit/s, the other cells
-//! within ±3%. The price: a connection whose traffic comes every few milliseconds now polls
-//! all the time. What follows is the measurement that chose 1 ms at first, for one connection.
-//!
-//! `poll_spin = 1 ms`, from one guest boot (`bench --transports verbs --ops ping --pings 6000
-//! --pin none --verbs-poll-us N`, ib_send_lat typical 29-35 µs in the same boot): raw ping p50
-//! 983 µs with no spin (events only), 878 µs at 50 µs, 301 µs at 200 µs (RPC bimodal, 930 µs),
-//! 190-219 µs at 1 ms, 201 µs at 3 ms, 224 µs at 10 ms; RPC `void o()` p50 253-259 µs at 1 ms.
-//! Under emulation a round trip takes ~200 µs, so a shorter budget runs out before the reply.
-//! Throughput (send/echo/oneway at 64 KiB and 1 MiB) did not change beyond the run-to-run noise
-//! (e.g. RPC send 64 KiB 185 vs 165 Mbit/s, echo 1 MiB 94 vs 94).
+//! `poll_spin = 10 ms`: with many connections on one runtime each connection's own traffic
+//! comes less often than every millisecond, so a shorter budget runs out between its messages
+//! and every message pays a completion event, although the device never rests
+//! (docs/notes/2026-12-04-scenarios-spin-budget-10ms.md). The price: a connection whose
+//! traffic comes every few milliseconds polls all the time. For one connection, a budget
+//! shorter than an emulated round trip runs out before the reply, and longer ones change
+//! neither the latency nor the throughput (docs/notes/2026-12-01-verbs-adaptive-polling.md).
 //!
 //! ## Benchmark against perftest
 //!

@@ -593,8 +593,8 @@ impl LinkClient {
             .max(1);
         // The warm-up runs to its last completion before the clock starts: a READ posted
         // before the clock (a software device may have done most of its transfer by then)
-        // must not count in the measured time. Counting from the warm-up's last completion
-        // while 31 more were in flight read 5-25% above `ib_read_bw` at 1 MiB (64 READs).
+        // must not count in the measured time: counting from the warm-up's last completion
+        // while more are in flight reads above `ib_read_bw`.
         self.reads(&target, size, remote_addr, rkey, WARMUP, in_flight_max)?;
         let start = Instant::now();
         self.reads(&target, size, remote_addr, rkey, count, in_flight_max)?;

@@ -17,7 +17,7 @@ use transport_verbs::{VerbsConfig, VerbsTransport};
 const ROUND_TRIPS: u64 = 300;
 
 /// The tests of this file measure what the whole process does (CPU time, system calls,
-/// wake-ups, hand-offs): run side by side, one test's spinning connections showed up in
+/// wake-ups, hand-offs): run side by side, one test's spinning connections show up in
 /// another's idle CPU. Each takes this lock first, so they run one at a time.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -147,10 +147,11 @@ const SMALL_SRQ: usize = 8;
 /// Messages sent to a connection whose driver sleeps on the completion channel reach it while
 /// the runtime it lives on is blocked, four times as many as its device's shared receive queue
 /// holds: the device's pump thread drains the connection's CQ at each event, so the queue gets
-/// each buffer back at once. Before, every buffer stayed taken until that runtime ran the
-/// connection's driver (here: never, until released), and the senders beyond the queue's depth
-/// waited on RNR retries; with a thousand clients on one runtime that emptied a queue of 128
-/// and turned into a storm of RNR retries (docs/scenarios.md).
+/// each buffer back at once. Otherwise every buffer would stay taken until that runtime runs
+/// the connection's driver (here: never, until released), and the senders beyond the queue's
+/// depth would wait on RNR retries; with a thousand clients on one runtime that empties a
+/// queue of 128 and turns into a storm of RNR retries
+/// (docs/notes/2026-12-03-scenarios-rnr-retries.md).
 #[test]
 fn a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked() {
     // Pure event mode: the server's driver sleeps on the channel as soon as it is idle.
@@ -160,9 +161,10 @@ fn a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked() {
 /// Like `a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked`, but the
 /// server's connection spins (its budget outlasts the test), so its CQ is never armed and
 /// raises no event: when the shared receive queue runs below its limit, the device's pump
-/// drains every connection's CQ and posts the buffers again. Before, the 8 buffers stayed in
-/// the unpolled CQ and the sender retried on RNR NAKs until the runtime was released (with
-/// many clients spinning on one busy runtime: the RNR storm of docs/scenarios.md).
+/// drains every connection's CQ and posts the buffers again. Otherwise the 8 buffers would
+/// stay in the unpolled CQ and the sender would retry on RNR NAKs until the runtime is released
+/// (with many clients spinning on one busy runtime: an RNR storm,
+/// docs/notes/2026-12-04-scenarios-srq-low-water-event.md).
 #[test]
 fn a_spinning_connection_gives_back_its_buffers_while_its_runtime_is_blocked() {
     messages_reach_a_blocked_runtime(Duration::from_secs(120));
@@ -439,7 +441,7 @@ fn idle_connections_stop_spinning_after_the_budget() {
             share * 100.0
         );
         // Idle connections wake nothing: no timer, no poll. A stale timer per connection (a
-        // hello deadline left armed) woke the runtime ~0.7 times per pair in 10 s; a spinning
+        // hello deadline left armed) would wake the runtime about once per pair; a spinning
         // driver wakes it without end.
         assert!(
             (wakeups as usize) < CONNS,

@@ -3,9 +3,8 @@
 //! call, with no error; the memory each idle connection holds is measured and bounded.
 //!
 //! Receive buffers live in the device's shared receive queue (128 buffers of 64 KiB + headers
-//! by default, 8 MiB), so a connection registers only its send slots (128 × 128 bytes). Before the
-//! shared receive queue each connection posted 64 buffers of its own (4 MiB), and a thousand
-//! pairs would have needed 8 GiB.
+//! by default, 8 MiB), so a connection registers only its send slots (128 × 128 bytes). With 64
+//! buffers of its own per connection (4 MiB), a thousand pairs would need 8 GiB.
 
 mod common;
 
@@ -26,8 +25,8 @@ fn open_fds() -> usize {
 
 /// Most file descriptors a thousand connection pairs may add: the device's completion channel
 /// and rdma_cm channel, the runtime's, a few to spare. Each connection has none of its own
-/// (its CQ's events come through the device's channel; before that, 2000 endpoints needed
-/// 2000 descriptors and a raised `RLIMIT_NOFILE`).
+/// (its CQ's events come through the device's channel; a channel per connection would make
+/// 2000 endpoints need 2000 descriptors and a raised `RLIMIT_NOFILE`).
 const FDS_FOR_ALL: usize = 16;
 
 #[test]

@@ -23,8 +23,9 @@
 //!
 //! An event loop pays, on each side of every round trip, a wait in `epoll_wait` and then the
 //! read, plus its scheduler's work; a thread blocked in `recv` is woken by the kernel with the
-//! data. With client and server on one CPU that is the difference between 1.3-1.6x and ~1.0x
-//! the machine's own blocking-socket ping-pong (`docs/bench.md`). Classic ORBs (omniORB's
+//! data. With client and server on one CPU that is the difference between clearly above and
+//! about equal to the machine's own blocking-socket ping-pong
+//! (`docs/notes/2026-12-02-bench-blocking-rpc.md`). Classic ORBs (omniORB's
 //! thread per connection) answer this way. The price: a thread per connection on the server,
 //! one call at a time per client, and no concurrency between the calls of one connection.
 //! Use it for synchronous callers that want the lowest latency; use the async client and
@@ -87,7 +88,7 @@ pub struct BlockingConfig {
     pub default_deadline: Option<Duration>,
     /// Before blocking in `recv`, poll the socket for up to this long (yielding the CPU
     /// between polls): when the peer runs on another CPU its answer then arrives without a
-    /// cross-CPU wake-up (~90 µs on a VM). Default zero (never); ignored where the process
+    /// cross-CPU wake-up (expensive on a VM). Default zero (never); ignored where the process
     /// may use one CPU only ([`crate::spin::useful_budget`]). Spins that keep finding nothing
     /// are skipped for a while, as in [`crate::spin`].
     pub spin: Duration,

@@ -643,8 +643,10 @@ impl<S: MessageSender> Shared<S> {
             if others {
                 // Other calls are in flight: their replies tend to arrive together and the
                 // calls they make room for start in the same turn of the runtime. Letting that
-                // turn finish first puts their requests in this write (1 KB calls: 100 000 ->
-                // 340 000 calls/s on TCP); a lone call (a ping loop) is written at once.
+                // turn finish first puts their requests in this write (small calls then make
+                // several times the calls/s:
+                // docs/notes/2026-12-01-bench-rpc-against-raw-first-rounds.md); a lone call (a
+                // ping loop) is written at once.
                 tokio::task::yield_now().await;
             }
             let upto = {
@@ -759,13 +761,13 @@ impl<S: MessageSender> Drop for FinishOnDrop<'_, S> {
 /// directly, with no hop through another task. The calls in flight, their replies and the
 /// receiving half sit under one plain lock: a waiting call leaves its waker in its entry, the
 /// reader puts a reply there and wakes it, and the reader that leaves wakes the oldest waiting
-/// call to read next (no channel per call and no async lock: uds `recv` of 64 KiB with 16
-/// calls in flight ran ~800 fewer client instructions per call than with a oneshot channel
-/// per call and a tokio mutex around the receiver). A write the peer does not drain reads replies
-/// meanwhile, so a peer that waits for its replies to be taken cannot stall it; when no reply
-/// can come (no call in flight, none gone unanswered: a stream of oneway calls) it waits for
-/// the write alone. With no call waiting nothing reads: a connection that died while idle
-/// fails the next call (its write or its read).
+/// call to read next (no channel per call and no async lock around the receiver, which cost
+/// the client hundreds of instructions per call; docs/notes/2026-12-03-bench-gap-at-64-256k.md).
+/// A write the peer does not drain reads replies meanwhile, so a peer that waits for its
+/// replies to be taken cannot stall it; when no reply can come (no call in flight, none gone
+/// unanswered: a stream of oneway calls) it waits for the write alone. With no call waiting
+/// nothing reads: a connection that died while idle fails the next call (its write or its
+/// read).
 ///
 /// When the connection dies, every pending call fails with [`RpcError::ConnectionClosed`] or
 /// [`RpcError::ConnectionLost`], and so does every later call. Calls run on a tokio runtime

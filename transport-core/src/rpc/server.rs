@@ -576,8 +576,9 @@ impl<H> Drop for ShutdownWaker<'_, H> {
 /// "Nothing else is ready" is not yet "idle" while a request is arriving: a client streaming
 /// requests larger than the socket buffer leaves the server in the middle of one most of the
 /// time, and writing every reply then costs a write on the server and a wake-up and a read on
-/// the client per call (uds, 256 KB requests, same core: 97-98% of the raw stream without
-/// the hold, 99-109% with it). So the batch is held while the rest of the arriving request is at most
+/// the client per call, which keeps such a stream a little below the raw one
+/// (docs/notes/2026-12-01-bench-rpc-against-raw-first-rounds.md). So the batch is held while
+/// the rest of the arriving request is at most
 /// [`Replies::HOLD_BYTES`] and less than that has arrived since its oldest reply was made
 /// ([`Replies::hold`]): the delay a reply can see is bounded by bytes the client is sending,
 /// with no timer. Replies that carry [`Replies::HOLD_REPLY_BYTES`] or more are not held: the
@@ -599,27 +600,26 @@ struct Replies {
 impl Replies {
     /// Flush once the batch's payloads reach this many bytes. Payloads are not copied into
     /// the batch (a vectored write takes them as they are), so large replies gain from
-    /// leaving together too: with 64 KiB here, every 64 KiB reply was its own write, and RPC
-    /// `recv` of 64 KiB (16 calls in flight, one CPU) moved 73-83% of the raw stream on uds
-    /// and tcp; with 1 MiB, 95-113% on uds and 101-181% on tcp (256 KiB and 512 KiB: 95-98%
-    /// on uds; 4 MiB no better than 1 MiB). It bounds the reply bytes a connection holds
-    /// back, and with them the delay of the first reply of a batch.
+    /// leaving together too: with a 64 KiB bound every 64 KiB reply is its own write and RPC
+    /// `recv` of 64 KiB falls well behind the raw stream; 1 MiB catches up with it, and more
+    /// gains nothing (docs/notes/2026-12-02-bench-large-replies-written-together.md). It
+    /// bounds the reply bytes a connection holds back, and with them the delay of the first
+    /// reply of a batch.
     const MAX_BYTES: usize = 1 << 20;
     /// Flush once the batch holds this many replies.
     const MAX_COUNT: usize = 32;
     /// Most request bytes a held batch waits for.
     const HOLD_BYTES: usize = 512 << 10;
     /// A batch whose replies carry this many payload bytes is not held: a write that large
-    /// is worth its system call and the client's wake-up on its own, and holding it kept the
-    /// replies (and the requests they echo) in memory while more arrived. uds `echo` on one
-    /// CPU moved 82-84% of the raw stream at 256 KiB and 90-92% at 64 KiB with every batch
-    /// held, 92-94% and 95-96% without holding large ones (docs/bench.md).
+    /// is worth its system call and the client's wake-up on its own, and holding it keeps the
+    /// replies (and the requests they echo) in memory while more arrive, which slows `echo`
+    /// of 64 KiB and more (docs/notes/2026-12-03-bench-large-replies-and-echo.md).
     const HOLD_REPLY_BYTES: usize = 64 << 10;
     /// While the batch holds a reply this large, the server takes only requests that have
     /// already arrived whole ([`MessageReceiver::has_buffered_message`]) and reads no more
     /// before the batch is written: reading the next large request (an echo's) while large
-    /// replies wait kept both in memory, and the copies in and out ran from memory instead
-    /// of cache (uds echo 500 KB on one CPU: 84-86% of the raw stream, 96-97% without).
+    /// replies wait keeps both in memory, and the copies in and out then run from memory
+    /// instead of cache (docs/notes/2026-12-03-bench-large-replies-and-echo.md).
     /// Small requests already read (a `recv` call's) still join the batch.
     const READ_AHEAD_REPLY_BYTES: usize = 256 << 10;
 
@@ -1037,7 +1037,7 @@ mod tests {
     }
 
     /// A server out of file descriptors retries accept a bounded number of times per second
-    /// (it used to retry every 10 ms), and still shuts down promptly.
+    /// (backing off, not at a fixed short pause), and still shuts down promptly.
     #[tokio::test(start_paused = true)]
     async fn failing_accepts_back_off() {
         let attempts = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -1050,7 +1050,8 @@ mod tests {
         let serving = tokio::spawn(async move { srv.serve(listener).await });
         tokio::time::sleep(Duration::from_secs(60)).await;
         let n = attempts.load(Ordering::SeqCst);
-        // 5+10+...+640 ms, then one per second: ~68 attempts in 60 s (10 ms pauses: 6000).
+        // 5+10+...+640 ms, then one per second: ~68 attempts in 60 s (a fixed 10 ms pause
+        // would make 6000).
         assert!((50..=80).contains(&n), "{n} accept attempts in 60 s");
         server.shutdown().await;
         tokio::time::timeout(Duration::from_secs(5), serving)

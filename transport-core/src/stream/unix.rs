@@ -5,8 +5,8 @@
 //! sent buffer is freed, unlike TCP, which does so only after a write found no room), and with
 //! write interest registered that wakes the writer's runtime. In a ping-pong on one CPU that
 //! is a context switch to a thread that finds nothing to do, and an `epoll_wait` more, on each
-//! side of every round trip: measured on this project's VM, 4 `epoll_wait`s per round trip
-//! instead of 2, and RPC at 1.6x the blocking-socket ping-pong.
+//! side of every round trip: 4 `epoll_wait`s per round trip instead of 2, which leaves RPC
+//! well behind the blocking-socket ping-pong (docs/notes/2026-12-02-bench-uds-write-interest.md).
 //!
 //! So the read half registers the socket for reading only, and the write half writes without
 //! any registration until a write finds the socket full (fails with EAGAIN, or takes only part

@@ -6,13 +6,13 @@
 //! reply with no hop. With hundreds of such receivers on one thread, each is a task in the
 //! runtime's local queue, and tasks woken from other threads (the device's pump thread) wait
 //! behind all of them: tokio's current-thread scheduler serves its injection queue once every
-//! 31 local polls. Some connections then got a call through every few milliseconds, others
-//! waited for seconds (docs/scenarios.md). Once `VerbsConfig::poll_together_from` receivers
-//! spin on one thread, the next ones join the thread's poller instead: one task that polls each
-//! of their CQs per turn and hands the messages over through the connections' channels (local
-//! wake-ups), so every waiting connection is looked at once per turn and the local queue stays
-//! short. While the poller has receivers, every receiver of the thread joins it; it ends when
-//! none waits.
+//! 31 local polls. Some connections then get a call through every few milliseconds, others
+//! wait for seconds (docs/notes/2026-12-04-scenarios-polled-together.md). Once
+//! `VerbsConfig::poll_together_from` receivers spin on one thread, the next ones join the
+//! thread's poller instead: one task that polls each of their CQs per turn and hands the
+//! messages over through the connections' channels (local wake-ups), so every waiting
+//! connection is looked at once per turn and the local queue stays short. While the poller has
+//! receivers, every receiver of the thread joins it; it ends when none waits.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};

@@ -111,7 +111,8 @@ pub(crate) fn type2_window_binds(
         return Err(format!("the window bind completed with status {status}"));
     }
     // The window goes first: rxe holds its queue pair until a window bound through it is
-    // deallocated, and destroying the queue pair first waited ~50 s under emulation. Then the
+    // deallocated, and destroying the queue pair first waits for that (~50 s under
+    // emulation). Then the
     // queue pair (no request can reach the memory), then the memory.
     drop(window);
     drop(qp);
