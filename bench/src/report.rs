@@ -613,7 +613,9 @@ impl Report {
         let with_link = pinged
             .iter()
             .any(|(r, p)| p.os.is_some() && r.os_baseline.kind == BaselineKind::Link);
-        if pinged.is_empty() {
+        if pinged.is_empty() && self.settings.ping {
+            out.push_str("Latency: no transport was measured here (see below)\n");
+        } else if pinged.is_empty() {
             out.push_str("Latency: not measured (--ops without ping)\n");
         } else if with_os {
             out.push_str(

@@ -343,7 +343,11 @@ fn perftest_section(rec: &Record) -> Option<String> {
     let mut s = String::new();
     let mut t = Md::new(&["step", "perftest's result row"], 2);
     for f in &g.perftest {
-        t.row(&[format!("`{}`", f.step), format!("`{}`", f.figure)]);
+        // A `|` ends a Markdown table cell even inside code: escaped.
+        t.row(&[
+            format!("`{}`", f.step),
+            format!("`{}`", f.figure.replace('|', "\\|")),
+        ]);
     }
     s.push_str(&t.out);
     let verbs = rec

@@ -248,7 +248,7 @@ impl fmt::Display for DeviceCaps {
         write!(
             f,
             "{}: {}; type-2 memory windows: {}; shared receive queue: {}; inline {} B; {} SGEs; \
-             {} work requests per queue; {} READs outstanding; registrations up to {} MiB",
+             {} work requests per queue; {} READs outstanding; registrations up to {}",
             self.device,
             self.transport,
             match &self.type2_windows {
@@ -263,9 +263,21 @@ impl fmt::Display for DeviceCaps {
             self.max_sge,
             self.max_qp_wr,
             self.read_depth,
-            self.max_mr_size >> 20,
+            bytes(self.max_mr_size),
         )
     }
+}
+
+/// `n` bytes in the largest binary unit that keeps a whole number: `64 KiB`, `16 EiB`.
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = n;
+    let mut unit = 0;
+    while unit + 1 < UNITS.len() && v >= 1024 {
+        v /= 1024;
+        unit += 1;
+    }
+    format!("{v} {}", UNITS[unit])
 }
 
 impl fmt::Display for Paths {
@@ -527,6 +539,8 @@ mod tests {
         ] {
             assert!(s.contains(part), "{part} in {s}");
         }
+        assert!(s.contains("registrations up to 1 GiB"), "{s}");
+        assert_eq!(bytes(u64::MAX), "15 EiB");
         let p = c.paths(&VerbsConfig::default()).to_string();
         assert!(
             p.contains("registration") && p.contains("remote write"),
