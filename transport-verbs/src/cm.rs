@@ -252,9 +252,22 @@ async fn expect_event(
     addr: &SocketAddr,
     within: Duration,
 ) -> Result<(), TransportError> {
+    expect_one_of(rx, &[want], op, addr, within)
+        .await
+        .map(|_| ())
+}
+
+/// The next event, which must be one of `wanted`: which one it is.
+async fn expect_one_of(
+    rx: &mut mpsc::UnboundedReceiver<CmMsg>,
+    wanted: &[EventType],
+    op: &'static str,
+    addr: &SocketAddr,
+    within: Duration,
+) -> Result<EventType, TransportError> {
     let m = next_event(rx, op, addr, within).await?;
     match m.kind {
-        Some(k) if k == want => Ok(()),
+        Some(k) if wanted.contains(&k) => Ok(k),
         Some(EventType::Rejected) | Some(EventType::Unreachable) => {
             Err(TransportError::Io(std::io::Error::new(
                 std::io::ErrorKind::ConnectionRefused,
@@ -451,12 +464,23 @@ pub(crate) async fn connect(
             param.setup_qp_number(r.ep.qp_number());
             id.connect(param).map_err(|e| cm_err("connect", &addr, e))?;
         }
-        expect_event(&mut rx, EventType::ConnectResponse, "connect", &addr, t).await?;
-        // Re-apply INIT after the response (remote access flags), then RTR and RTS.
-        to_state(&mut r, &id, QueuePairState::Init, &addr)?;
-        to_state(&mut r, &id, QueuePairState::ReadyToReceive, &addr)?;
-        to_state(&mut r, &id, QueuePairState::ReadyToSend, &addr)?;
-        id.establish().map_err(|e| cm_err("establish", &addr, e))?;
+        let answer = expect_one_of(
+            &mut rx,
+            &[EventType::ConnectResponse, EventType::Established],
+            "connect",
+            &addr,
+            t,
+        )
+        .await?;
+        // InfiniBand and RoCE answer with the peer's response and leave the queue pair to
+        // us: re-apply INIT (remote access flags), then RTR and RTS, then establish. iWARP's
+        // connection manager moves the queue pair to RTS itself and reports it established.
+        if answer == EventType::ConnectResponse {
+            to_state(&mut r, &id, QueuePairState::Init, &addr)?;
+            to_state(&mut r, &id, QueuePairState::ReadyToReceive, &addr)?;
+            to_state(&mut r, &id, QueuePairState::ReadyToSend, &addr)?;
+            id.establish().map_err(|e| cm_err("establish", &addr, e))?;
+        }
         Ok::<_, TransportError>(r)
     }
     .await;

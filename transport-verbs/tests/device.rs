@@ -1,12 +1,16 @@
 //! Device discovery against whatever the machine has.
 //!
 //! With `TRANSPORT_VERBS_REQUIRE_DEVICE=1` (set by `cargo xtask testbed verbs` in the soft-RoCE
-//! guest, or by hand on a host with an RDMA NIC or an `rdma_rxe` device) a device must open, have
-//! an ACTIVE port and a RoCE v2 IPv4 GID, and accept a protection domain and a 64 KiB memory
-//! registration. Without it, on a host with no RDMA, listing and opening must fail with the typed
-//! "no RDMA device" error (and the test says it ran in no-device mode).
+//! guest, or by hand on a host with an RDMA NIC or an `rdma_rxe` device) the device (`$TB_DEV`,
+//! else the first) must open, have an ACTIVE port and, on RoCE, a RoCE v2 IPv4 GID, answer the
+//! capability probe, and accept a protection domain and a 64 KiB memory registration. Without
+//! it, on a host with no RDMA, listing and opening must fail with the typed "no RDMA device"
+//! error (and the test says it ran in no-device mode).
 
-use transport_verbs::{list_devices, open_first_device, LinkLayer, VerbsError};
+use transport_verbs::{
+    list_devices, open_device, open_first_device, probe_devices, LinkLayer, RdmaTransport,
+    VerbsError,
+};
 
 fn device_required() -> bool {
     std::env::var("TRANSPORT_VERBS_REQUIRE_DEVICE").is_ok_and(|v| v == "1")
@@ -29,14 +33,25 @@ fn check_device() {
         }
     }
 
-    let dev = open_first_device().expect("opening the first RDMA device");
+    // The device under test: `$TB_DEV` (the test bed names its target), else the first.
+    let dev = match std::env::var("TB_DEV") {
+        Ok(name) => open_device(&name).unwrap_or_else(|e| panic!("opening {name}: {e}")),
+        Err(_) => open_first_device().expect("opening the first RDMA device"),
+    };
     let info = dev.info().expect("querying the device");
     assert_eq!(info.name, dev.name());
     let port = info
         .active_port()
         .unwrap_or_else(|| panic!("no ACTIVE port on {}: {:?}", info.name, info.ports));
     assert!(port.active_mtu.is_some(), "unknown active MTU: {port:?}");
-    if port.link_layer == LinkLayer::Ethernet {
+    let caps = probe_devices()
+        .expect("probing the devices")
+        .into_iter()
+        .find(|c| c.device == info.name)
+        .expect("the device is among the probed");
+    println!("{caps}");
+    // RoCE needs an IPv4 RoCE v2 GID for rdma_cm; iWARP addresses by IP without GIDs.
+    if port.link_layer == LinkLayer::Ethernet && caps.transport == RdmaTransport::Roce {
         let gid = info
             .roce_v2_ipv4_gid()
             .unwrap_or_else(|| panic!("no RoCE v2 IPv4 GID on {}: {:?}", info.name, info.gids));

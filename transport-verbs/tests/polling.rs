@@ -183,6 +183,7 @@ fn messages_reach_a_blocked_runtime(poll_spin: Duration) {
     let mut config = VerbsConfig::default();
     config.srq_depth = SMALL_SRQ;
     config.poll_spin = poll_spin;
+    let shared_queue = common::device_paths(&config, addr.ip()).srq_depth > 0;
     let server_verbs = VerbsTransport::new(config).expect("transport");
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (metrics_tx, metrics_rx) = std::sync::mpsc::channel();
@@ -268,11 +269,22 @@ fn messages_reach_a_blocked_runtime(poll_spin: Duration) {
         let order = tokio::task::spawn_blocking(move || server.join().expect("server thread"))
             .await
             .expect("join");
-        assert!(
-            blocked_got >= want,
-            "the server's engine took {blocked_got} of at least {want} bytes while its runtime \
-             was blocked"
-        );
+        // A spinning connection gives buffers back only where they are shared: with receive
+        // buffers of its own (registration exposure, iWARP) they are nobody else's, and its
+        // messages wait for its runtime like any of its work; a sleeping one is drained by the
+        // pump either way.
+        if shared_queue || poll_spin.is_zero() {
+            assert!(
+                blocked_got >= want,
+                "the server's engine took {blocked_got} of at least {want} bytes while its \
+                 runtime was blocked"
+            );
+        } else {
+            eprintln!(
+                "no shared receive queue on this device's paths: {blocked_got} of {want} bytes \
+                 taken while blocked (nothing shared to give back); checking delivery only"
+            );
+        }
         let expected: Vec<u8> = (0..MSGS as u8).collect();
         assert_eq!(order, expected, "messages out of order");
         drop(tx);
@@ -289,7 +301,13 @@ fn a_batch_of_sends_rings_one_doorbell_not_one_per_message() {
         return;
     };
     common::run(async move {
-        let verbs = VerbsTransport::new(VerbsConfig::default()).expect("transport");
+        // Credits for the whole batch: where the device's paths give each connection buffers
+        // of its own, as many as the defaults grant through a shared queue.
+        let mut cfg = VerbsConfig::default();
+        if common::device_paths(&cfg, addr.ip()).srq_depth == 0 {
+            cfg.srq_depth = 0;
+        }
+        let verbs = VerbsTransport::new(cfg).expect("transport");
         let mut listener = verbs.listen(&addr).await.expect("listen");
         let addr = listener.local_addr().expect("addr");
         // The handshake and first exchange are not counted.
