@@ -30,6 +30,10 @@ pub struct VerbsArgs {
     /// address rdma_cm maps to it (default: the first device with an address).
     #[arg(long)]
     pub verbs_device: Option<String>,
+    /// Largest verbs payload sent eagerly, e.g. `32K` (`VerbsConfig::eager_limit`; above it
+    /// a rendezvous; it also sizes each receive buffer; default: the library's).
+    #[arg(long, value_parser = crate::parse_bytes)]
+    pub verbs_eager_limit: Option<usize>,
 }
 
 fn parse_exposure(s: &str) -> Result<Exposure, String> {
@@ -51,6 +55,9 @@ impl VerbsArgs {
         }
         if let Some(e) = self.verbs_exposure {
             c.exposure = e;
+        }
+        if let Some(n) = self.verbs_eager_limit {
+            c.eager_limit = n;
         }
         c
     }
@@ -77,21 +84,30 @@ mod tests {
             verbs_poll_together: Some(64),
             verbs_exposure: Some(Exposure::Registration),
             verbs_device: None,
+            verbs_eager_limit: Some(32 << 10),
         };
         let c = a.config();
         assert_eq!(c.poll_spin, Duration::from_micros(250));
         assert_eq!(c.srq_depth, 0);
         assert_eq!(c.poll_together_from, 64);
         assert_eq!(c.exposure, Exposure::Registration);
+        assert_eq!(c.eager_limit, 32 << 10);
         let d = VerbsArgs::default().config();
         let lib = VerbsConfig::default();
         assert_eq!(
-            (d.poll_spin, d.srq_depth, d.poll_together_from, d.exposure),
+            (
+                d.poll_spin,
+                d.srq_depth,
+                d.poll_together_from,
+                d.exposure,
+                d.eager_limit
+            ),
             (
                 lib.poll_spin,
                 lib.srq_depth,
                 lib.poll_together_from,
-                lib.exposure
+                lib.exposure,
+                lib.eager_limit
             )
         );
         assert!(parse_exposure("windows").is_err());

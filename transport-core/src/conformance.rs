@@ -348,9 +348,20 @@ async fn raw_echo_server<B: Backend>(
         while let Ok(conn) = listener.accept().await {
             tokio::spawn(async move {
                 let (mut tx, mut rx) = conn.split();
-                while let Ok(Some(m)) = rx.recv().await {
-                    if tx.send(m).await.is_err() {
-                        break;
+                // A failure here shows up in the client as a reset: say what it was.
+                loop {
+                    match rx.recv().await {
+                        Ok(Some(m)) => {
+                            if let Err(e) = tx.send(m).await {
+                                eprintln!("echo server: send: {e}");
+                                break;
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            eprintln!("echo server: recv: {e}");
+                            break;
+                        }
                     }
                 }
                 let _ = tx.close().await;

@@ -94,7 +94,12 @@ pub struct DeviceCaps {
     pub read_depth: u32,
     /// Largest memory registration, bytes.
     pub max_mr_size: u64,
+    /// The vendor id the device reports (`0x626d74` for siw, `0x2c9` for Mellanox).
+    pub vendor_id: u32,
 }
+
+/// The vendor id the soft-iWARP driver reports (`"bmt"`).
+pub const SIW_VENDOR_ID: u32 = 0x62_6d74;
 
 /// How rendezvous payloads are exposed to the peer's RDMA READ on a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,7 +217,14 @@ impl Paths {
             recv_depth,
             receive_why,
             inline_size: cfg.inline_size.min(caps.max_inline as usize),
-            read_depth: cfg.read_depth.min(caps.read_depth as usize).clamp(1, 255) as u8,
+            // On iWARP the connection manager moves the queue pair to RTS with the READ depths
+            // of the connection parameters, which this binding leaves at rdma_cm's 1: a second
+            // READ in flight would overrun the responder's queue and end the connection.
+            read_depth: if iwarp {
+                IWARP_READ_DEPTH
+            } else {
+                cfg.read_depth.min(caps.read_depth as usize).clamp(1, 255) as u8
+            },
             read_sink_remote_write: iwarp,
             rendezvous_chunk: cfg
                 .rendezvous_chunk
@@ -221,6 +233,9 @@ impl Paths {
         }
     }
 }
+
+/// RDMA READs in flight per queue pair on iWARP (see [`Paths::choose`]).
+pub const IWARP_READ_DEPTH: u8 = 1;
 
 /// Receive buffers a connection posts for itself where the settings asked for a shared queue
 /// but the device's paths have none (see [`Paths::choose`]).
@@ -401,6 +416,7 @@ impl DeviceCaps {
             max_qp_wr: nonneg(attr.max_qp_wr()),
             read_depth: nonneg(attr.max_qp_rd_atom().min(attr.max_qp_init_rd_atom())),
             max_mr_size: attr.max_mr_size(),
+            vendor_id: attr.vendor_id(),
         })
     }
 
@@ -432,6 +448,7 @@ mod tests {
             max_qp_wr: 4096,
             read_depth: 8,
             max_mr_size: 1 << 30,
+            vendor_id: 0,
         }
     }
 
@@ -491,6 +508,10 @@ mod tests {
         assert_eq!(siw.exposure, ExposurePath::Registration);
         assert_eq!(siw.srq_depth, 0);
         assert!(siw.read_sink_remote_write);
+        assert_eq!(
+            siw.read_depth, IWARP_READ_DEPTH,
+            "rdma_cm's READ depth on iWARP"
+        );
         // Even with windows forced, iWARP keeps per-connection receive buffers.
         let forced = VerbsConfig {
             exposure: Exposure::MemoryWindow,

@@ -60,6 +60,9 @@ pub(crate) struct Established {
     pub(crate) peer: String,
 }
 
+/// Receive buffers a connection with buffers of its own posts beyond the credits it grants.
+pub(crate) const SPARE_RECV: usize = 1;
+
 /// Posts the initial receive buffers (before the peer can send); nothing to do for a queue
 /// pair that receives through the device's shared receive queue (filled when it was made).
 fn prepost(mut r: Resources) -> Result<Resources, TransportError> {
@@ -67,7 +70,7 @@ fn prepost(mut r: Resources) -> Result<Resources, TransportError> {
         return Ok(r);
     }
     let cfg = r.cfg.clone();
-    for _ in 0..cfg.recv_depth {
+    for _ in 0..cfg.recv_depth + SPARE_RECV {
         let b = r.pool.get_recv(cfg.recv_buf_size())?;
         if r.ep.stage_recv(b).is_err() {
             return Err(crate::error::VerbsError::Internal("receive table overrun".into()).into());
@@ -309,7 +312,11 @@ fn resources(
     let pd = domain.pd.clone();
     let recv = match (mode, &domain.srq) {
         (RecvMode::Shared, Some(s)) => RecvQueue::Shared(s.clone()),
-        _ => RecvQueue::Own(cfg.recv_depth),
+        // One buffer beyond the credits granted: a message a peer sends without a credit lands
+        // there and fails the connection as the protocol violation it is, instead of finding no
+        // buffer (which iWARP, with no receiver-not-ready retry, answers by ending the
+        // connection, and RoCE by retrying until the peer gives up).
+        _ => RecvQueue::Own(cfg.recv_depth + SPARE_RECV),
     };
     // The CQ never overflows (a lost completion would lose its buffer): it has room for the
     // whole send queue and every receive this QP can complete before its driver polls.

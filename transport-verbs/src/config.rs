@@ -82,7 +82,7 @@ pub struct VerbsConfig {
     /// with the number of connections. The queue may hold fewer buffers than the credits of
     /// all connections together: when a burst finds it empty the sender's device retries a
     /// moment later (an RNR retry, counted by the device, never a loss). 0: every connection
-    /// posts `recv_depth` buffers of its own instead. Under a finite `RLIMIT_MEMLOCK` (without
+    /// posts `recv_depth` buffers of its own (and one spare) instead. Under a finite `RLIMIT_MEMLOCK` (without
     /// `CAP_IPC_LOCK`) the queue gets fewer buffers when these would not fit in half of the
     /// limit (at least 4).
     pub srq_depth: usize,

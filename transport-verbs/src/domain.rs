@@ -25,6 +25,7 @@ use crate::config::VerbsConfig;
 use crate::cq_pump::CqPump;
 use crate::ffi::Srq;
 use crate::pool::{PoolBuf, SharedPool};
+use crate::siw_keys::KeyGuard;
 
 /// A protection domain and what lives in it: shared by the transport's connections on a
 /// device (memory-window exposure), or one connection's own (registration exposure).
@@ -44,6 +45,9 @@ pub(crate) struct Domain {
     posted: AtomicUsize,
     /// Connections on this domain right now.
     connections: AtomicUsize,
+    /// On siw, the mmap key guard of the device context (see `siw_keys`), held by every
+    /// domain and so by every connection.
+    _siw_guard: Option<Arc<KeyGuard>>,
 }
 
 impl Domain {
@@ -82,6 +86,7 @@ impl Drop for Member {
 /// One device's part of a transport: probed once, then shared by its domains.
 struct DeviceEntry {
     caps: Arc<DeviceCaps>,
+    siw_guard: Option<Arc<KeyGuard>>,
     cq_pump: Arc<CqPump>,
     /// The domain every connection shares (memory-window exposure), made on first use.
     shared: Option<Arc<Domain>>,
@@ -107,8 +112,8 @@ pub struct MemoryUse {
     pub registered_bytes: usize,
     /// The part of `registered_bytes` that connections hold for themselves while they live,
     /// busy or idle: their send slots (`send_depth` × 128 bytes), plus, without a shared
-    /// receive queue (`srq_depth` 0), their posted receive buffers (`recv_depth` ×
-    /// `recv_buf_size()`).
+    /// receive queue (`srq_depth` 0), their posted receive buffers (`recv_depth + 1`
+    /// × `recv_buf_size()`: one spare beyond the credits).
     pub per_connection_bytes: usize,
     /// The part of `registered_bytes` posted to the devices' shared receive queues right now
     /// (`srq_depth` × `recv_buf_size()` per device once its first connection was made), shared
@@ -162,7 +167,14 @@ impl Domains {
                 return Ok(d.clone());
             }
         }
-        let d = new_domain(ctx, device, cfg, paths, &entry.cq_pump)?;
+        let d = new_domain(
+            ctx,
+            device,
+            cfg,
+            paths,
+            &entry.cq_pump,
+            entry.siw_guard.clone(),
+        )?;
         if d.paths.exposure == ExposurePath::MemoryWindow {
             entry.shared = Some(d.clone());
         } else {
@@ -207,8 +219,10 @@ fn probe(ctx: &Arc<DeviceContext>, device: &str) -> std::io::Result<DeviceEntry>
     let caps = DeviceCaps::probe(device, ctx, &pd, &info)?;
     drop(pd);
     tracing::debug!(%caps, "verbs device probed");
+    let siw_guard = crate::siw_keys::guard(ctx, &caps)?;
     Ok(DeviceEntry {
         caps: Arc::new(caps),
+        siw_guard,
         cq_pump: CqPump::start(ctx, device)?,
         shared: None,
         private: Vec::new(),
@@ -222,6 +236,7 @@ fn new_domain(
     cfg: &VerbsConfig,
     paths: Paths,
     cq_pump: &Arc<CqPump>,
+    siw_guard: Option<Arc<KeyGuard>>,
 ) -> std::io::Result<Arc<Domain>> {
     let pd = ctx.alloc_pd().map_err(std::io::Error::other)?;
     let pool = SharedPool::new(
@@ -267,6 +282,7 @@ fn new_domain(
         own: AtomicUsize::new(0),
         posted: AtomicUsize::new(0),
         connections: AtomicUsize::new(0),
+        _siw_guard: siw_guard,
     }))
 }
 

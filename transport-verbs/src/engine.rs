@@ -23,9 +23,12 @@
 //! own, or a quota over the device's shared receive queue: the engine does not know which) and
 //! starts with one credit, spent on its HELLO. A SEND consumes one of the peer's buffers, so it
 //! needs a credit; every message carries the credits for the buffers re-posted since the last
-//! grant. Data (EAGER,
-//! RTS, FIN) needs two credits, so the last one is always left for a CREDIT or CLOSE: the two
-//! sides cannot deadlock on credits. The engine also counts the credits the peer holds: a
+//! grant. Data (EAGER, RTS) needs three credits and a FIN two, so the last credit is always
+//! left for a CREDIT or CLOSE and the one before it for a FIN: the two sides cannot deadlock on
+//! credits. The buffer a control message (HELLO, CREDIT, FIN) took is granted back even while
+//! credits are withheld (it adds nothing to the backlog), and one a FIN took is granted back at
+//! once, by a CREDIT of its own, when the peer holds fewer than two: a FIN is what lets a peer's
+//! blocked sender go on, and it must not wait for the application that waits for it. The engine also counts the credits the peer holds: a
 //! message that arrives without one, or a grant beyond the peer's announced queue, is a
 //! violation.
 //!
@@ -301,6 +304,8 @@ pub(crate) struct Engine<P> {
     backlog: usize,
     backlog_bytes: u64,
     credit_stalled: bool,
+    /// A buffer a FIN took is owed: grant it at once if the peer is short (see the module docs).
+    fin_owed: bool,
     rndv_stalled: bool,
 
     // Sending.
@@ -358,6 +363,7 @@ impl<P> Engine<P> {
             backlog: 0,
             backlog_bytes: 0,
             credit_stalled: false,
+            fin_owed: false,
             rndv_stalled: false,
             outq: VecDeque::new(),
             fins: VecDeque::new(),
@@ -660,11 +666,13 @@ impl<P> Engine<P> {
                 }
             }
         }
-        // The buffer goes back to the receive queue (or a fresh one in its place).
-        if self.behind() {
+        // The buffer goes back to the receive queue (or a fresh one in its place). Its credit
+        // is withheld only for data while the application is behind.
+        if matches!(th.kind, Kind::Eager | Kind::Rts) && self.behind() {
             self.withheld += 1;
         } else {
             self.owed += 1;
+            self.fin_owed |= th.kind == Kind::Fin;
         }
         Ok(keep)
     }
@@ -819,21 +827,24 @@ impl<P> Engine<P> {
         }
         // Grant credits on their own when enough are owed and nothing carried them.
         // At least 2: a CREDIT costs the peer one buffer, which must not trigger a CREDIT back.
+        // And at once when a FIN's buffer is owed to a peer left with fewer than two credits
+        // (its next FIN would wait for them).
         let threshold = (self.cfg.recv_depth / 4).max(2);
-        if self.owed >= threshold && self.credits >= 1 {
+        let fin_short = self.fin_owed && self.peer_credits < 2;
+        if (self.owed >= threshold || fin_short) && self.owed > 0 && self.credits >= 1 {
             return Some(self.control(Th::new(Kind::Credit)));
         }
         None
     }
 
     fn next_out(&mut self, peer: Peer) -> Option<Work<P>> {
-        // Data needs two credits (the last is kept for a CREDIT or CLOSE); a message that does
+        // Data needs three credits (the last two are kept for a FIN and a CREDIT or CLOSE); a message that does
         // not fit the peer's receive buffer goes by rendezvous, within the peer's limits.
         let (need, rndv_len) = match self.outq.front()? {
             Out::Close => (1, None),
             Out::Msg(m) => {
                 let whole = (TH_LEN + m.header.len() + m.len) as u64;
-                (2, (whole > peer.buf_size).then_some(m.len as u64))
+                (3, (whole > peer.buf_size).then_some(m.len as u64))
             }
         };
         if self.credits < need {
@@ -918,6 +929,7 @@ impl<P> Engine<P> {
     fn take_owed(&mut self) -> u16 {
         let n = self.owed.min(u16::MAX as u32);
         self.owed -= n;
+        self.fin_owed &= self.owed > 0;
         self.peer_credits += n;
         n as u16
     }

@@ -1426,7 +1426,10 @@ impl<B: LocalMemory> Endpoint<B> {
     }
 
     /// Send-queue completions come in order: every entry before the completed one finished
-    /// successfully (an error always produces its own completion); release them all.
+    /// successfully (an error always produces its own completion); release them all. Except
+    /// an RDMA READ: it finishes when its response has arrived, and iWARP devices (siw) report
+    /// the SENDs posted after it as soon as they are sent. A READ is always signaled, so it
+    /// stays until its own completion.
     fn complete_sq(
         &mut self,
         wr_id: u64,
@@ -1434,12 +1437,17 @@ impl<B: LocalMemory> Endpoint<B> {
         out: &mut Vec<Completion<B>>,
     ) {
         let mut sent: Option<WorkRequestKind> = None;
+        let mut reads_pending: Vec<(u64, SqEntry<B>)> = Vec::new();
         while let Some((seq, _)) = self.sq.front() {
             if *seq > wr_id {
                 break;
             }
             let (seq, entry) = self.sq.pop_front().expect("front exists");
             let this = seq == wr_id;
+            if !this && matches!(entry, SqEntry::Read { .. }) {
+                reads_pending.push((seq, entry));
+                continue;
+            }
             let st = if this { status } else { Ok(()) };
             let kind = entry.kind();
             match entry {
@@ -1478,6 +1486,10 @@ impl<B: LocalMemory> Endpoint<B> {
                     }
                 }
             }
+        }
+        // Back in front, in their order, to wait for their own completions.
+        for e in reads_pending.into_iter().rev() {
+            self.sq.push_front(e);
         }
         if let Some(kind) = sent {
             out.push(Completion::Sent { status, kind });

@@ -67,8 +67,10 @@
 //!   `handshake_timeout` fails the connection.
 //! - **Credits.** Every SEND consumes one credit; every received SEND's buffer is posted again
 //!   at once and its credit returned on the next outgoing header, or by a CREDIT message when a
-//!   quarter of `recv_depth` is owed. Data (EAGER, RTS, FIN) needs two credits, so the last one
-//!   is always left for a CREDIT or CLOSE: the two sides cannot deadlock. A sender out of
+//!   quarter of `recv_depth` is owed. Data (EAGER, RTS) needs three credits and a FIN two, so
+//!   the last is always left for a CREDIT or CLOSE and the one before it for a FIN; a control
+//!   message's buffer is granted back even while data credits are withheld (a FIN's at once,
+//!   when the peer holds fewer than two): the two sides cannot deadlock. A sender out of
 //!   credits waits (`credit_stalls`). A message that arrives without a credit fails its
 //!   connection ([`ProtocolViolation::NoCredit`]).
 //! - **Receive buffers.** By default the transport's connections on a device receive through
@@ -85,7 +87,7 @@
 //!   connection that is not asleep on the channel, so that a connection spinning on a busy or
 //!   blocked runtime does not keep the other connections' buffers (a device that cannot arm
 //!   the limit is used without it). With `srq_depth = 0` each connection posts `recv_depth`
-//!   buffers of its own instead (4 MiB per connection with the defaults), and the receiver never
+//!   buffers of its own (and one spare, where a message sent without a credit lands) instead (4 MiB per connection with the defaults), and the receiver never
 //!   runs out of posted buffers.
 //! - **Eager.** A message whose header and payload fit the peer's receive buffer is sent by
 //!   SEND: inline below the device's inline limit, straight from registered memory (two SGEs,
@@ -303,6 +305,7 @@ mod engine;
 pub mod link;
 mod pool;
 mod proto;
+mod siw_keys;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -53,9 +53,10 @@ async fn handshake(
     peer.send(&[hello]).expect("send HELLO");
     let h = peer.recv_kind(HELLO, WAIT).await.expect("server HELLO");
     // The version, and the RDMA READs the server's queue pair serves (the default
-    // `read_depth`, within rxe's limit of 128).
+    // `read_depth` within the device's limit; 1 on iWARP).
     assert_eq!(h.addr & u64::from(u32::MAX), wire::PROTOCOL_VERSION);
-    assert_eq!(h.addr >> 32, VerbsConfig::default().read_depth as u64);
+    let paths = common::device_paths(&VerbsConfig::default(), addr.ip());
+    assert_eq!(h.addr >> 32, u64::from(paths.read_depth));
     (peer, conn)
 }
 
@@ -245,7 +246,21 @@ fn an_eager_flood_beyond_the_credits_fails_only_its_connection() {
                 Err(e) => break e,
             }
         };
-        assert!(matches!(violation(&e), ProtocolViolation::NoCredit), "{e}");
+        // On iWARP (no receiver-not-ready retry) a flood can outrun the re-posting of buffers:
+        // a message that finds none makes the device end the connection (a TERMINATE; the
+        // work requests flush) before the engine sees one sent without a credit. Either way
+        // only this connection ends, with what was delivered bounded.
+        let iwarp = common::device_caps(addr.ip()).transport.is_iwarp();
+        let ended_by_device = matches!(
+            e.backend_error::<VerbsError>(),
+            Some(VerbsError::WorkCompletion {
+                status: WcStatus::Flushed,
+                ..
+            })
+        ) || matches!(&e, TransportError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionReset);
+        if !(iwarp && ended_by_device) {
+            assert!(matches!(violation(&e), ProtocolViolation::NoCredit), "{e}");
+        }
         assert!(delivered <= 16, "{delivered} messages delivered");
         println!("hostile_eager_flood: {delivered} messages delivered, then: {e}");
 
@@ -378,7 +393,10 @@ fn a_stale_rkey_after_fin_fails_with_a_remote_access_error() {
             .read(rts.addr, rts.rkey, 4096, WAIT)
             .await
             .expect("read completes");
-        assert_eq!(stale, Err(WcStatus::RemoteAccess), "stale rkey after FIN");
+        assert!(
+            common::is_refused_read(addr.ip(), &stale),
+            "stale rkey after FIN: {stale:?}"
+        );
         println!("hostile_stale_rkey: READ after FIN failed with {stale:?}");
         still_serving(&verbs, &mut l, addr).await;
     });
@@ -408,7 +426,10 @@ fn another_connection_cannot_read_with_a_leaked_rkey() {
             .read(rts.addr, rts.rkey, rts.len as usize, WAIT)
             .await
             .expect("read completes");
-        assert_eq!(stolen, Err(WcStatus::RemoteAccess), "leaked rkey");
+        assert!(
+            common::is_refused_read(addr.ip(), &stolen),
+            "leaked rkey: {stolen:?}"
+        );
         let got = owner
             .read(rts.addr, rts.rkey, rts.len as usize, WAIT)
             .await

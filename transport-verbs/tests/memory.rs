@@ -16,7 +16,7 @@ use transport_verbs::{VerbsConfig, VerbsTransport};
 /// when it has no shared receive queue (`srq_depth`: what the device's paths chose).
 fn per_connection_bound(cfg: &VerbsConfig, paths: &transport_verbs::Paths) -> usize {
     let own_recv = if paths.srq_depth == 0 {
-        paths.recv_depth * cfg.recv_buf_size()
+        (paths.recv_depth + 1) * cfg.recv_buf_size() // one spare beyond the credits
     } else {
         0
     };

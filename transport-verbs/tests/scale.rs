@@ -46,7 +46,7 @@ fn a_thousand_connections_each_make_a_call_without_error() {
             paths = common::device_paths(&cfg, addr.ip());
         }
         let own_recv = if paths.srq_depth == 0 {
-            paths.recv_depth * cfg.recv_buf_size()
+            (paths.recv_depth + 1) * cfg.recv_buf_size() // one spare beyond the credits
         } else {
             0
         };

@@ -1163,3 +1163,80 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn data_leaves_a_credit_for_a_fin_when_the_peer_withholds_the_rest() {
+    // The peer grants DEPTH - 1 = 7 credits and withholds what our data takes.
+    let (mut e, _) = connected();
+    for i in 0..10u8 {
+        e.send(OutMsg {
+            header: HeaderBytes::EMPTY,
+            len: 10,
+            payload: Bytes::from(vec![i; 10]),
+        });
+    }
+    let kinds: Vec<_> = drain(&mut e).iter().map(kind_of).collect();
+    assert_eq!(kinds, ["EAGER"; 5], "data stops with two credits left");
+    assert_eq!(e.credit_state().0, 2);
+    // A rendezvous of the peer arrives and is read: its FIN still goes out.
+    e.on_recv(rts(9, 4096, 0x10_0000)).expect("within limits");
+    let reads = reads_of(&mut e);
+    assert_eq!(reads.len(), 1);
+    e.on_read_done(reads[0].tag, reads[0].len);
+    let kinds: Vec<_> = drain(&mut e).iter().map(kind_of).collect();
+    assert_eq!(kinds, ["FIN"], "the FIN takes the credit kept for it");
+    assert_eq!(
+        e.credit_state().0,
+        1,
+        "the last is kept for a CREDIT or CLOSE"
+    );
+}
+
+#[test]
+fn a_fins_buffer_is_granted_back_at_once_while_data_credits_are_withheld() {
+    let (mut e, _) = connected();
+    // Two of our payloads are out by rendezvous; our application is behind.
+    let first = send_rendezvous(&mut e, 8192);
+    let second = send_rendezvous(&mut e, 8192);
+    e.set_backlog(cfg().backlog_max, 0);
+    // The peer spends its credits on data: withheld, nothing granted back.
+    let (_, peer_had, _, _) = e.credit_state();
+    for i in 0..peer_had - 1 {
+        e.on_recv(eager(&[i as u8; 10])).expect("eager");
+    }
+    assert!(drain(&mut e).is_empty(), "data credits withheld");
+    let (_, peer_holds, owed, withheld) = e.credit_state();
+    assert_eq!((peer_holds, owed, withheld), (1, 0, peer_had - 1));
+    // Its FIN (with its last credit) comes back to it at once, by a CREDIT of its own.
+    let mut fin = Th::new(Kind::Fin);
+    fin.id = first;
+    e.on_recv(encode(fin, &[], &[])).expect("fin");
+    let work = drain(&mut e);
+    let kinds: Vec<_> = work.iter().map(kind_of).collect();
+    assert_eq!(kinds, ["UNEXPOSE", "CREDIT"]);
+    match &work[1] {
+        Work::Control(th) => assert_eq!(th.credits, 1, "the FIN's buffer"),
+        _ => unreachable!(),
+    }
+    assert_eq!(
+        e.credit_state().3,
+        peer_had - 1,
+        "data credits still withheld"
+    );
+    // A CREDIT from the peer is granted back too, but not by a CREDIT of ours (no ping-pong).
+    let mut fin = Th::new(Kind::Fin);
+    fin.id = second;
+    e.on_recv(encode(fin, &[], &[])).expect("second fin");
+    assert_eq!(
+        drain(&mut e).iter().map(kind_of).collect::<Vec<_>>(),
+        ["UNEXPOSE", "CREDIT"]
+    );
+    e.on_recv(encode(Th::new(Kind::Credit), &[], &[]))
+        .expect("credit");
+    assert!(drain(&mut e).is_empty(), "a CREDIT is not answered");
+    assert_eq!(
+        e.credit_state().2,
+        1,
+        "its buffer is owed, to go with the next message"
+    );
+}

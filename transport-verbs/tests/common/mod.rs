@@ -137,3 +137,36 @@ pub fn device_paths(
         .unwrap_or_else(|| panic!("{name} was not probed"))
         .paths(cfg)
 }
+
+/// The probed capabilities of the device that carries `ip`.
+#[allow(dead_code)]
+pub fn device_caps(ip: std::net::IpAddr) -> transport_verbs::DeviceCaps {
+    let name = transport_verbs::rdma_addresses()
+        .expect("RDMA addresses")
+        .into_iter()
+        .find(|(_, a)| *a == ip)
+        .map(|(d, _)| d)
+        .unwrap_or_else(|| panic!("no RDMA device carries {ip}"));
+    transport_verbs::probe_devices()
+        .expect("probe")
+        .into_iter()
+        .find(|c| c.device == name)
+        .unwrap_or_else(|| panic!("{name} was not probed"))
+}
+
+/// Whether a READ the device refused completed as the device's transport reports it: with a
+/// remote access error on InfiniBand and RoCE; on iWARP the responder answers an invalid key
+/// with a TERMINATE that ends the reader's queue pair, and the READ may complete as flushed
+/// (siw) or as a remote access error. Either way no byte was read.
+#[allow(dead_code)]
+pub fn is_refused_read(
+    ip: std::net::IpAddr,
+    got: &Result<Vec<u8>, transport_verbs::WcStatus>,
+) -> bool {
+    use transport_verbs::WcStatus;
+    match got {
+        Err(WcStatus::RemoteAccess) => true,
+        Err(WcStatus::Flushed) => device_caps(ip).transport.is_iwarp(),
+        _ => false,
+    }
+}
