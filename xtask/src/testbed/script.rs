@@ -198,6 +198,12 @@ impl RunScript {
         client: &str,
         wait: Wait,
     ) -> &mut Self {
+        // rdma_cm shows a listener a moment before it accepts (and a previous step's may
+        // linger): a client refused within 3 s is retried, at most 10 times.
+        let retries = match wait {
+            Wait::Tcp(_) => 0,
+            Wait::CmListen => 10,
+        };
         let wait = match wait {
             Wait::Tcp(port) => format!("tb_wait_tcp {port:04X}"),
             Wait::CmListen => "tb_wait_cm".to_owned(),
@@ -212,8 +218,17 @@ timeout -s KILL {secs} sh -c {sq} > /tmp/{name}.server 2>&1 &
 tb_spid=$!
 {wait} || echo \"testbed: server of {name} not listening yet\"
 echo \"--- client: {client}\"
-timeout -s KILL {secs} sh -c {cq}
-tb_crc=$?
+tb_try=0
+while :; do
+  t0=$(tb_now)
+  timeout -s KILL {secs} sh -c {cq}
+  tb_crc=$?
+  [ $tb_crc -eq 0 ] && break
+  tb_try=$((tb_try + 1))
+  if [ $tb_try -gt {retries} ] || [ $(( $(tb_now) - t0 )) -ge 300 ]; then break; fi
+  echo \"testbed: client failed fast (rc $tb_crc), retrying\"
+  sleep 1
+done
 wait $tb_spid
 tb_src=$?
 echo \"{SERVER_OUTPUT}{server}\"
