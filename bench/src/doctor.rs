@@ -301,11 +301,24 @@ fn verbs_devices() -> Vec<Finding> {
             } else {
                 Level::Info
             };
+            // What registration exposure adds to each rendezvous message here (a window
+            // costs two work requests posted with the RTS instead).
+            let cost = |len: usize| {
+                transport_verbs::registration_cost(&caps.device, len, 50).map_or_else(
+                    |e| format!("failed: {e}"),
+                    |t| format!("{:.1} µs", t.as_secs_f64() * 1e6),
+                )
+            };
             finding(
                 &format!("verbs device {}", caps.device),
                 level,
                 caps.to_string(),
-                format!("paths: {paths}"),
+                format!(
+                    "paths: {paths}; registering and deregistering a payload for remote read \
+                     (registration exposure, per rendezvous message): 64 KiB {}, 1 MiB {}",
+                    cost(64 << 10),
+                    cost(1 << 20)
+                ),
             )
         })
         .collect()

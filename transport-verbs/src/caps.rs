@@ -348,6 +348,42 @@ pub fn probe_devices() -> Result<Vec<DeviceCaps>, crate::VerbsError> {
     })
 }
 
+/// The mean time `device` takes to register `len` bytes for remote read and deregister them
+/// (over `iterations` rounds): what [`ExposurePath::Registration`] adds to each rendezvous
+/// message, where a memory window costs two work requests posted with the message's RTS.
+///
+/// ```no_run
+/// let t = transport_verbs::registration_cost("rxe0", 1 << 20, 200)?;
+/// println!("register + deregister 1 MiB: {t:?}");
+/// # Ok::<(), transport_verbs::VerbsError>(())
+/// ```
+pub fn registration_cost(
+    device: &str,
+    len: usize,
+    iterations: u32,
+) -> Result<std::time::Duration, crate::VerbsError> {
+    use crate::VerbsError;
+    use sideway::ibverbs::device::DeviceInfo as _;
+    crate::device::guarded("registration_cost", || {
+        let list = crate::device::device_list()?;
+        let dev = list.iter().find(|d| d.name() == device).ok_or_else(|| {
+            VerbsError::verbs(
+                "ibv_open_device",
+                device,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no such RDMA device"),
+            )
+        })?;
+        let ctx = dev
+            .open()
+            .map_err(|e| VerbsError::verbs("ibv_open_device", device, e))?;
+        let pd = ctx
+            .alloc_pd()
+            .map_err(|e| VerbsError::verbs("ibv_alloc_pd", device, e))?;
+        crate::ffi::probe::registration_round_trip(&pd, len, iterations)
+            .map_err(|e| VerbsError::verbs("ibv_reg_mr", device, e))
+    })
+}
+
 /// Inline data a queue pair is asked for when probing (what the transport asks by default).
 const PROBE_INLINE: u32 = 256;
 

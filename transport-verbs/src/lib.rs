@@ -312,7 +312,9 @@ use std::sync::Arc;
 
 use transport_core::{Capabilities, Listener, Transport, TransportError};
 
-pub use caps::{probe_devices, DeviceCaps, ExposurePath, Paths, RdmaTransport, SrqLimits};
+pub use caps::{
+    probe_devices, registration_cost, DeviceCaps, ExposurePath, Paths, RdmaTransport, SrqLimits,
+};
 pub use config::{Exposure, VerbsConfig, EXPOSURE_ENV};
 #[cfg(feature = "test-hooks")]
 pub use conn::polled_together;
