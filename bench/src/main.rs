@@ -627,10 +627,16 @@ impl VerbsMemorySampler {
 /// connection at the run's busiest point.
 fn verbs_notes(verbs: &VerbsTransport, peak: transport_verbs::MemoryUse) -> Vec<String> {
     let c = verbs.config();
+    // The receive buffers as the device's paths made them (a device without a shared queue
+    // for these settings gives each connection its own), else as configured.
+    let effective = verbs
+        .device_caps()
+        .first()
+        .map_or_else(|| c.clone(), |caps| caps.paths(c).apply(c));
     let polling = format!(
         "polling: {}; --verbs-poll-us; receive: {}; --verbs-srq-depth",
         sys::verbs_polling(c),
-        sys::verbs_receive(c)
+        sys::verbs_receive(&effective)
     );
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     let memory = if peak.connections == 0 {
