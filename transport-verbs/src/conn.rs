@@ -233,6 +233,7 @@ pub(crate) fn start(est: Established) -> Result<VerbsConnection, TransportError>
         close_acks: Vec::new(),
         failed: None,
         peer_disconnected: false,
+        qp_error_injected: false,
         ended: false,
         completions: Vec::new(),
         timeout_due: false,
@@ -370,6 +371,8 @@ struct Core {
     close_acks: Vec<oneshot::Sender<()>>,
     failed: Option<Fail>,
     peer_disconnected: bool,
+    /// The test hook moved the queue pair to the error state (a simulated device fault).
+    qp_error_injected: bool,
     /// The driver has ended: the queue pair is being torn down.
     ended: bool,
     completions: Vec<Completion<PoolBuf>>,
@@ -702,11 +705,23 @@ impl Core {
     }
 
     fn wc_fail(&self, kind: WorkRequestKind, e: WcFailure) -> Fail {
-        if e.is_flush() && self.engine.peer_closed() {
-            Fail::PeerGone("RDMA peer closed the connection")
-        } else {
-            wc(kind, e)
+        if !e.is_flush() {
+            return wc(kind, e);
         }
+        if self.engine.peer_closed() {
+            return Fail::PeerGone("RDMA peer closed the connection");
+        }
+        // On iWARP the connection is a TCP stream: a peer that dies or resets it moves the
+        // queue pair to the error state before rdma_cm reports the disconnect, so the first
+        // failure is a flush. Reported as the disconnect it is (cut mid-message: truncated).
+        let iwarp = self.ep.as_ref().is_some_and(|ep| ep.on_iwarp());
+        if iwarp && !self.qp_error_injected {
+            return match self.engine.reading() {
+                Some((received, expected)) => Fail::Truncated { received, expected },
+                None => Fail::PeerGone("RDMA peer disconnected without closing the connection"),
+            };
+        }
+        wc(kind, e)
     }
 
     fn deliver_ready(&mut self) {
@@ -1235,6 +1250,7 @@ impl VerbsSender {
             return;
         }
         // Test hook: the flushed work requests surface as errors, like a real fault.
+        core.qp_error_injected = true;
         if let Err(e) = core.ep().set_error() {
             let f = device_fail("ibv_modify_qp (error state)", &core.device.clone(), e);
             core.fail(f);

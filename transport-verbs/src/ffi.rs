@@ -1013,6 +1013,11 @@ impl<B: LocalMemory> Endpoint<B> {
         Ok(())
     }
 
+    /// Whether this queue pair follows iWARP's rules (its READ sinks allow remote write).
+    pub(crate) fn on_iwarp(&self) -> bool {
+        self.sink_remote_write
+    }
+
     /// Exposes `held` to the peer for RDMA READ, through a type-2 memory window bound to this
     /// queue pair (staged; posted by [`Endpoint::ring`] ahead of the RTS that announces it).
     /// Returns the address and rkey to announce. Needs `sq_room() > 0`.
