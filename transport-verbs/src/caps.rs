@@ -363,20 +363,10 @@ pub fn registration_cost(
     iterations: u32,
 ) -> Result<std::time::Duration, crate::VerbsError> {
     use crate::VerbsError;
-    use sideway::ibverbs::device::DeviceInfo as _;
+    let dev = crate::device::open_device(device)?;
     crate::device::guarded("registration_cost", || {
-        let list = crate::device::device_list()?;
-        let dev = list.iter().find(|d| d.name() == device).ok_or_else(|| {
-            VerbsError::verbs(
-                "ibv_open_device",
-                device,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "no such RDMA device"),
-            )
-        })?;
-        let ctx = dev
-            .open()
-            .map_err(|e| VerbsError::verbs("ibv_open_device", device, e))?;
-        let pd = ctx
+        let pd = dev
+            .ctx
             .alloc_pd()
             .map_err(|e| VerbsError::verbs("ibv_alloc_pd", device, e))?;
         crate::ffi::probe::registration_round_trip(&pd, len, iterations)

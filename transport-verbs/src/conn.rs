@@ -716,12 +716,18 @@ impl Core {
         // failure is a flush. Reported as the disconnect it is (cut mid-message: truncated).
         let iwarp = self.ep.as_ref().is_some_and(|ep| ep.on_iwarp());
         if iwarp && !self.qp_error_injected {
-            return match self.engine.reading() {
-                Some((received, expected)) => Fail::Truncated { received, expected },
-                None => Fail::PeerGone("RDMA peer disconnected without closing the connection"),
-            };
+            return self.unclosed_disconnect();
         }
         wc(kind, e)
+    }
+
+    /// The failure of a connection the peer left without closing it: truncated when a message
+    /// was being read, else a reset.
+    fn unclosed_disconnect(&self) -> Fail {
+        match self.engine.reading() {
+            Some((received, expected)) => Fail::Truncated { received, expected },
+            None => Fail::PeerGone("RDMA peer disconnected without closing the connection"),
+        }
     }
 
     fn deliver_ready(&mut self) {
@@ -901,12 +907,9 @@ impl Core {
                 if self.failed.is_some() {
                     return;
                 }
-                if let Some((received, expected)) = self.engine.reading() {
-                    self.fail(Fail::Truncated { received, expected });
-                } else if !self.engine.peer_closed() {
-                    self.fail(Fail::PeerGone(
-                        "RDMA peer disconnected without closing the connection",
-                    ));
+                if self.engine.reading().is_some() || !self.engine.peer_closed() {
+                    let f = self.unclosed_disconnect();
+                    self.fail(f);
                 } else {
                     // Clean: the receiver saw the end; later sends fail.
                     if let Ok(mut f) = self.shared.fail.lock() {

@@ -275,7 +275,7 @@ pub(crate) fn describe(name: &str, ctx: &DeviceContext) -> Result<DeviceInfo, Ve
 /// An open RDMA device (a verbs context).
 pub struct Device {
     name: String,
-    ctx: Arc<DeviceContext>,
+    pub(crate) ctx: Arc<DeviceContext>,
 }
 
 impl std::fmt::Debug for Device {

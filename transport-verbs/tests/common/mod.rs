@@ -125,17 +125,7 @@ pub fn device_paths(
     cfg: &transport_verbs::VerbsConfig,
     ip: std::net::IpAddr,
 ) -> transport_verbs::Paths {
-    let name = transport_verbs::rdma_addresses()
-        .expect("RDMA addresses")
-        .into_iter()
-        .find(|(_, a)| *a == ip)
-        .map(|(d, _)| d)
-        .unwrap_or_else(|| panic!("no RDMA device carries {ip}"));
-    let caps = transport_verbs::probe_devices().expect("probe");
-    caps.iter()
-        .find(|c| c.device == name)
-        .unwrap_or_else(|| panic!("{name} was not probed"))
-        .paths(cfg)
+    device_caps(ip).paths(cfg)
 }
 
 /// The probed capabilities of the device that carries `ip`.

@@ -226,27 +226,24 @@ fn unpack(deb: &Path, into: &Path) -> Result<(), String> {
 
 /// The downloaded `.deb` of package `name` in `dir`.
 fn deb_of(dir: &Path, name: &str) -> Result<PathBuf, String> {
-    let prefix = format!("{name}_");
-    fs::read_dir(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".deb"))
-        })
+    file_named(dir, &format!("{name}_"), ".deb")?
         .ok_or_else(|| format!("apt-get did not download {name} into {}", dir.display()))
 }
 
-fn find_tarball(dir: &Path) -> Result<PathBuf, String> {
-    fs::read_dir(dir)
+/// The first file in `dir` whose name starts with `prefix` and ends with `suffix`.
+fn file_named(dir: &Path, prefix: &str, suffix: &str) -> Result<Option<PathBuf>, String> {
+    Ok(fs::read_dir(dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("linux-source-") && n.ends_with(".tar.xz"))
-        })
+                .is_some_and(|n| n.starts_with(prefix) && n.ends_with(suffix))
+        }))
+}
+
+fn find_tarball(dir: &Path) -> Result<PathBuf, String> {
+    file_named(dir, "linux-source-", ".tar.xz")?
         .ok_or_else(|| format!("no linux-source-*.tar.xz in {}", dir.display()))
 }
 
