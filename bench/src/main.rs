@@ -13,6 +13,8 @@
 //! bench scenario NAME           the middleware scenarios (typed, structured, clients, slow-clients, orb, all)
 //! bench merge A.json B.json     one report from this machine's run and an emulated one's
 //! bench doctor                  check the environment (memlock, RDMA devices, GIDs, MTU, socket limits)
+//! bench count HOST --path P     one path (os/link, raw, rpc) and op, N messages, alone in its process:
+//!                               what `cargo xtask profile` counts instructions of under callgrind
 //! ```
 //!
 //! Raw figures use the backend's `Connection` directly (message ping-pong and message
@@ -63,6 +65,7 @@
 //! (mode 0700, under the temporary directory), removed at the end of the run.
 
 mod blocking;
+mod count;
 mod doctor;
 mod link;
 mod machine;
@@ -180,6 +183,9 @@ enum Command {
     #[command(subcommand)]
     Results(ResultsCommand),
     /// Check the environment and say what to fix.
+    /// One path, one operation, N messages, then exit: what `cargo xtask profile` runs under
+    /// callgrind to count instructions per message (the difference of N and 3N).
+    Count(count::CountArgs),
     Doctor {
         /// Print the findings as JSON.
         #[arg(long)]
@@ -333,6 +339,13 @@ struct ServerArgs {
     spin_us: u64,
     #[command(flatten)]
     verbs_settings: verbs_args::VerbsArgs,
+    /// Also serve the OS baseline (blocking std sockets, a thread per connection: a 1-byte
+    /// ping-pong and a sink) on this Unix socket path, for `bench count --path os`.
+    #[arg(long)]
+    os_uds: Option<PathBuf>,
+    /// Also serve the OS baseline on this TCP address (see --os-uds).
+    #[arg(long)]
+    os_tcp: Option<SocketAddr>,
     /// Pin the server to this CPU.
     #[arg(long)]
     core: Option<usize>,
@@ -467,6 +480,7 @@ fn main() -> ExitCode {
             })
         }
         Some(Command::Doctor { json }) => doctor::run(json),
+        Some(Command::Count(a)) => count::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -963,6 +977,7 @@ fn server(a: &ServerArgs) -> Result<(), String> {
         } else {
             None
         };
+        let _os = count::os_servers(&a.os_uds, &a.os_tcp)?;
         let (verbs, _link) = match verbs {
             Some((l, link)) => (Some(l), Some(link)),
             None => (None, None),

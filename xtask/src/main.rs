@@ -4,14 +4,18 @@
 //! cargo xtask bench [ARGS]   install what the build needs, then run the `bench` comparison
 //! cargo xtask bench --record the fixed comparison recorded as docs/results/ and the README's block
 //! cargo xtask test           install what is needed, then run every check and test suite
-//!                            (fmt, clippy, workspace tests, the verbs suite in the soft-RoCE guest)
+//!                            (fmt, clippy, workspace tests, the verbs suite in the soft-RoCE guest,
+//!                            the instruction counts as a smoke)
 //! cargo xtask deps           only install / check the system packages
+//! cargo xtask profile         instructions per message (callgrind): link or OS, raw and RPC, client and
+//!                            server, on uds and tcp here and verbs in the soft-RoCE guest
 //! cargo xtask docs           check the docs: links resolve, README and reference pages within size
 //! cargo xtask testbed ...    the soft-RoCE QEMU test bed (see `cargo xtask testbed --help`)
 //! ```
 
 mod deps;
 mod docs;
+mod profile;
 mod record;
 mod testbed;
 mod util;
@@ -30,6 +34,7 @@ fn main() -> ExitCode {
         "test" => run_tests(rest),
         "bench" => run_bench(rest),
         "testbed" => testbed::main(rest),
+        "profile" => profile::run(rest),
         "help" | "-h" | "--help" => {
             print_help();
             Ok(())
@@ -53,8 +58,9 @@ fn print_help() {
          commands:\n  \
          bench [ARGS]   install build dependencies, then `cargo run --release -p bench -- ARGS`; without\n                 an RDMA device, then the verbs rows in the soft-RoCE guest (--no-guest: not)\n  \
          bench --record the fixed comparison, recorded as docs/results/ (page, JSON, plot) and the\n                 README's results block\n  \
-         test           install dependencies, then fmt + clippy + workspace tests + verbs suite in the soft-RoCE guest\n  \
+         test           install dependencies, then fmt + clippy + workspace tests + verbs suite in the soft-RoCE guest\n                 + `profile --smoke --ops ping`\n  \
          deps           install (as root) or list (otherwise) the system packages the build needs\n  \
+         profile        instructions per message (callgrind), client and server, uds/tcp here, verbs in\n                 the guest (`cargo xtask profile --help`)\n  \
          docs           check the docs: links and anchors resolve, README <= 12 KiB, pages <= 20 KiB\n  \
          testbed ...    the soft-RoCE QEMU test bed (`cargo xtask testbed help`)"
     );
@@ -97,7 +103,10 @@ fn run_tests(args: &[String]) -> Result<(), String> {
         eprintln!("xtask: --no-verbs given: the verbs suite did NOT run");
         return Ok(());
     }
-    testbed::run_verbs_suite()
+    testbed::run_verbs_suite()?;
+    // The instruction counts as a smoke: small counts, the round trip on every path and both
+    // sides, no thresholds (the figures come from `cargo xtask profile` with its defaults).
+    profile::run(&["--smoke".into(), "--ops".into(), "ping".into()])
 }
 
 /// The README's main command: the transport comparison. On a host without an RDMA device

@@ -51,6 +51,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub(crate) use guest::DATA;
 use guest::{GuestSpec, Log, Outcome, Wire};
 use script::{RunScript, SMOKE_STEPS};
 
@@ -698,6 +699,31 @@ pub fn bench_in_guest(bench: &Path, user_args: &[String]) -> Result<GuestBench, 
             .filter(|(step, _)| step.starts_with("perftest:"))
             .collect(),
     })
+}
+
+/// Runs the shell script `script` (busybox `sh`) in one guest boot as step `step`, bounded
+/// by `secs`, with `files` staged in `/mnt/host/bin`; returns the data lines it printed
+/// ([`guest::DATA`] prefix removed). `cargo xtask profile` measures through it.
+pub fn script_in_guest(
+    files: &[PathBuf],
+    step: &str,
+    secs: u32,
+    script: &str,
+) -> Result<String, String> {
+    let started = Instant::now();
+    let bed = Bed::prepare()?;
+    let share = bed.new_share()?;
+    for f in files {
+        bed.stage(&share, f)?;
+    }
+    share.write("step.sh", script)?;
+    let mut s = RunScript::default();
+    s.step(step, secs, "sh /mnt/host/step.sh");
+    share.write("run.sh", &s.finish())?;
+    let log = Log::create(&bed.cache.join("logs"), step)?;
+    let outcomes = bed.boot(vec![single_guest(&share, secs + 30, None)], &log)?;
+    report(&outcomes, &log, started)?;
+    Ok(outcomes.iter().map(guest::Outcome::data).collect())
 }
 
 /// What [`bench_in_guest`] brings back from the guest.
