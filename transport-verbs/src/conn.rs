@@ -241,6 +241,7 @@ pub(crate) fn start(est: Established) -> Result<VerbsConnection, TransportError>
         parked: false,
         deferring: false,
         spin_until: None,
+        active_since_check: false,
         app_lease: None,
         driver_turn: false,
         pump_turn: false,
@@ -387,6 +388,10 @@ struct Core {
     /// Adaptive polling: until then the connection polls the CQ instead of sleeping on the
     /// completion channel (`VerbsConfig::poll_spin` after the last activity).
     spin_until: Option<Instant>,
+    /// Activity since the spin budget was last looked at: the budget runs from the next
+    /// look ([`Core::spinning_at`], which has the clock at hand), so that acting on the
+    /// connection reads no clock.
+    active_since_check: bool,
     /// Until then the receiving half polls the CQ on its own task (renewed at every poll
     /// while it waits for a message); the driver stays out of its way.
     app_lease: Option<Instant>,
@@ -416,7 +421,7 @@ impl Core {
     /// Something happened: keep polling the CQ for the spin budget before sleeping again.
     fn active(&mut self) {
         if !self.cfg.poll_spin.is_zero() {
-            self.spin_until = Some(Instant::now() + self.cfg.poll_spin);
+            self.active_since_check = true;
         }
     }
 
@@ -441,6 +446,9 @@ impl Core {
 
     /// [`Core::spinning`] with the clock already read.
     fn spinning_at(&mut self, now: Instant) -> bool {
+        if std::mem::take(&mut self.active_since_check) {
+            self.spin_until = Some(now + self.cfg.poll_spin);
+        }
         match self.spin_until {
             Some(t) if now < t => true,
             Some(_) => {
@@ -454,7 +462,13 @@ impl Core {
     /// Whether the driver must be woken after a half acted: it sleeps although the
     /// connection should now spin, or the engine's deadline moved away from its timer.
     fn driver_needs_kick(&self) -> bool {
-        (self.parked && self.spin_until.is_some()) || self.engine.poll_timeout() != self.timer_at
+        (self.parked && self.spin_pending()) || self.engine.poll_timeout() != self.timer_at
+    }
+
+    /// Whether the connection should spin, as far as known without reading the clock: a
+    /// budget runs or activity since the last look starts one.
+    fn spin_pending(&self) -> bool {
+        self.spin_until.is_some() || self.active_since_check
     }
 
     /// A half acted on the connection: keep spinning, and wake the driver if it must act too
@@ -584,8 +598,9 @@ impl Core {
         self.drain_cq()
     }
 
-    /// Polls until the CQ is empty, stepping the engine after each batch of completions (so a
-    /// lone completion costs one step, not a second one after the empty poll that follows).
+    /// Polls until the CQ is empty (a batch short of the poll's capacity says so), stepping
+    /// the engine after each batch of completions: a lone completion costs one poll and one
+    /// step.
     fn drain_cq(&mut self) -> usize {
         let mut total = 0;
         loop {
@@ -595,6 +610,12 @@ impl Core {
                     total += n;
                     if let Err(f) = self.step() {
                         self.fail(f);
+                        break;
+                    }
+                    // A batch short of the poll's capacity emptied the CQ: a completion since
+                    // then is no different from one after an empty poll (the next look takes
+                    // it), and the poll that would only confirm it is saved.
+                    if n < crate::ffi::POLL_BATCH {
                         break;
                     }
                 }
@@ -806,6 +827,41 @@ impl Core {
         };
         self.metrics.doorbells.add(d);
         Ok(())
+    }
+
+    /// The fast path of a small message, on the sender's task: when the engine lets it go at
+    /// once ([`Engine::send_now`]: nothing queued ahead, credits in hand) and it fits inline,
+    /// it is built in its control slot and posted with one inline SEND, with no queue, no step
+    /// of the engine and no allocation. `None`: not taken (the caller queues it); `Some(Err)`:
+    /// taken, and the post failed (the connection has failed).
+    fn send_now(&mut self, msg: &Message) -> Option<Result<(), Fail>> {
+        if !self.usable() || self.peer_disconnected {
+            return None;
+        }
+        let (hlen, plen) = (msg.header.len(), msg.payload.len());
+        let ep = self.ep();
+        if TH_LEN + hlen + plen > ep.inline_max()
+            || ep.sq_room() < MAX_WRS_PER_WORK
+            || ep.has_staged()
+        {
+            return None;
+        }
+        let th = self.engine.send_now(hlen, plen)?;
+        let ep = self.ep();
+        let slot = ep.next_ctrl_slot();
+        let n = th.encode(&msg.header, slot);
+        slot[n..n + plen].copy_from_slice(&msg.payload);
+        if let Err(e) = ep.post_slot_inline_now(n + plen) {
+            return Some(Err(device_fail("ibv_post_send", &self.device, e)));
+        }
+        self.metrics.doorbells.incr();
+        self.metrics.payload_bytes_copied.add(plen as u64);
+        // The spin budget is renewed by the receiving half as it polls; a parked driver, or
+        // a connection whose budget ran out, is woken as after any other send.
+        if self.parked || !self.spin_pending() {
+            self.acted();
+        }
+        Some(Ok(()))
     }
 
     fn post(&mut self, w: Work<OutPayload>) -> Result<(), Fail> {
@@ -1244,6 +1300,31 @@ impl VerbsSender {
         }
     }
 
+    /// Sends `msg` by the fast path ([`Core::send_now`]) if it takes it: `Ok(false)` when it
+    /// does not (the caller queues the message).
+    fn try_send_now(&mut self, msg: &Message) -> Result<bool, TransportError> {
+        if self.closed {
+            return Err(TransportError::Closed);
+        }
+        if msg.len() > self.cfg.inline_size {
+            return Ok(false);
+        }
+        let mut core = lock(&self.core);
+        match core.send_now(msg) {
+            Some(Ok(())) => {
+                drop(core);
+                self.metrics.messages_sent.incr();
+                Ok(true)
+            }
+            Some(Err(f)) => {
+                core.fail(f);
+                drop(core);
+                Err(self.gone())
+            }
+            None => Ok(false),
+        }
+    }
+
     /// Test hook: moves the queue pair to the error state, as a device fault would. Every
     /// pending and later operation fails with a typed error.
     #[cfg(feature = "test-hooks")]
@@ -1273,6 +1354,9 @@ impl MessageSender for VerbsSender {
                 header: HeaderBytes::EMPTY,
             });
         }
+        if self.try_send_now(&msg)? {
+            return Ok(());
+        }
         self.check_open()?;
         // Payloads above the eager limit go by rendezvous: register (or find) them here, so
         // a registration failure is this call's error.
@@ -1293,6 +1377,13 @@ impl MessageSender for VerbsSender {
     /// limit is refused as [`Self::send`] refuses it. A message leaves `msgs` only when the
     /// engine takes it, so a future dropped while the queue is full loses none.
     async fn send_batch(&mut self, msgs: &mut Vec<Message>) -> Result<(), TransportError> {
+        // One small message (an RPC call's request, a reply): the fast path, as `send`.
+        if let [only] = msgs.as_slice() {
+            if self.try_send_now(only)? {
+                msgs.clear();
+                return Ok(());
+            }
+        }
         while let Some(first) = msgs.first() {
             if first.len() > self.cfg.max_message_size {
                 // Refused as `send` refuses it (the RPC client checks sizes before queuing).

@@ -244,6 +244,37 @@ impl Deadline {
     }
 }
 
+/// Copies of small received payloads, carved out of shared chunks: a message of a few bytes
+/// costs a copy and a reference count, not an allocation of its own (one allocation per chunk).
+/// A chunk is freed when the last payload carved from it is dropped, so an application that
+/// keeps one small message holds at most [`SMALL_CHUNK`] bytes for it.
+#[derive(Default)]
+struct SmallCopies {
+    chunk: bytes::BytesMut,
+}
+
+/// Bytes per chunk of [`SmallCopies`].
+const SMALL_CHUNK: usize = 1024;
+/// Payloads up to this size are copied into a chunk; larger ones get an allocation each.
+const SMALL_COPY_MAX: usize = 128;
+
+impl SmallCopies {
+    fn copy(&mut self, src: &[u8]) -> Bytes {
+        if src.is_empty() {
+            return Bytes::new();
+        }
+        if src.len() > SMALL_COPY_MAX {
+            return Bytes::copy_from_slice(src);
+        }
+        if self.chunk.capacity() - self.chunk.len() < src.len() {
+            // A fresh chunk: the old one stays alive only through the payloads carved from it.
+            self.chunk = bytes::BytesMut::with_capacity(SMALL_CHUNK);
+        }
+        self.chunk.extend_from_slice(src);
+        self.chunk.split().freeze()
+    }
+}
+
 /// What the peer announced in its HELLO.
 #[derive(Debug, Clone, Copy)]
 struct Peer {
@@ -339,6 +370,9 @@ pub(crate) struct Engine<P> {
     target_bytes: u64,
     next_tag: u64,
 
+    /// Where small received payloads are copied ([`SmallCopies`]).
+    small: SmallCopies,
+
     // Teardown.
     linger_deadline: Deadline,
     linger_expired: bool,
@@ -385,6 +419,7 @@ impl<P> Engine<P> {
             rndv_in_bytes: 0,
             target_bytes: 0,
             next_tag: 0,
+            small: SmallCopies::default(),
             linger_deadline: Deadline::Off,
             linger_expired: false,
         }
@@ -608,7 +643,7 @@ impl<P> Engine<P> {
                     self.push_ready(Delivery::Msg(Message::new(header, payload)));
                 } else {
                     let b = keep.as_ref().expect("buffer present");
-                    let payload = Bytes::copy_from_slice(&b.bytes()[off..off + plen]);
+                    let payload = self.small.copy(&b.bytes()[off..off + plen]);
                     self.metrics.payload_bytes_copied.add(plen as u64);
                     self.push_ready(Delivery::Msg(Message::new(header, payload)));
                 }
@@ -876,13 +911,8 @@ impl<P> Engine<P> {
                 Some(self.control(Th::new(Kind::Close)))
             }
             Out::Msg(m) => {
-                let mut th = Th::new(if rendezvous { Kind::Rts } else { Kind::Eager });
-                th.credits = self.take_owed();
-                th.len = m.len as u64;
-                self.credits -= 1;
-                self.metrics
-                    .bytes_sent
-                    .add((TH_LEN + m.header.len() + m.len) as u64);
+                let kind = if rendezvous { Kind::Rts } else { Kind::Eager };
+                let mut th = self.data_th(kind, m.header.len(), m.len);
                 if rendezvous {
                     let mut id = self.next_rndv;
                     while self.rndv_out.contains_key(&id) {
@@ -909,6 +939,40 @@ impl<P> Engine<P> {
                 }
             }
         }
+    }
+
+    /// The transport header of a data message leaving now: it carries every owed credit and
+    /// spends one of ours.
+    fn data_th(&mut self, kind: Kind, header_len: usize, len: usize) -> Th {
+        let mut th = Th::new(kind);
+        th.credits = self.take_owed();
+        th.len = len as u64;
+        self.credits -= 1;
+        self.metrics
+            .bytes_sent
+            .add((TH_LEN + header_len + len) as u64);
+        th
+    }
+
+    /// The fast path of a small message (`conn.rs`, `Core::send_now`): when nothing is queued
+    /// or owed ahead of it (no message, FIN, invalidation or READ waiting, the handshake done)
+    /// and it may go at once by the rules [`Engine::poll_work`] applies (three credits, eager
+    /// into the peer's buffer), returns its header, as `poll_work` would have handed it out
+    /// after [`Engine::send`]; else `None`, and the message takes the queue.
+    pub(crate) fn send_now(&mut self, header_len: usize, len: usize) -> Option<Th> {
+        let peer = self.peer?;
+        let whole = (TH_LEN + header_len + len) as u64;
+        let clear = !self.failed
+            && self.hello_sent
+            && self.outq.is_empty()
+            && self.fins.is_empty()
+            && self.unexpose.is_empty()
+            && self.read_queue.is_empty();
+        if !clear || self.credits < 3 || whole > peer.buf_size {
+            return None;
+        }
+        self.credit_stalled = false;
+        Some(self.data_th(Kind::Eager, header_len, len))
     }
 
     fn note_credit_stall(&mut self) {

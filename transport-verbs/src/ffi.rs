@@ -783,6 +783,9 @@ impl WrLists {
     }
 }
 
+/// Work completions read by one [`Endpoint::poll`], at most.
+pub(crate) const POLL_BATCH: usize = 32;
+
 /// A connected RC queue pair with its completion queue and channel, the owners of every
 /// buffer the device may still be using, and the memory windows that expose payloads.
 pub(crate) struct Endpoint<B: LocalMemory> {
@@ -861,7 +864,7 @@ impl<B: LocalMemory> Endpoint<B> {
             sges: Vec::new(),
             staged_recv: Vec::new(),
             lists: WrLists::default(),
-            wcs: Vec::with_capacity(32),
+            wcs: Vec::with_capacity(POLL_BATCH),
             // An inline message is built in its control slot: never more than one slot.
             inline_max: inline_max.min(CTRL_SLOT),
             unsignaled: 0,
@@ -1267,9 +1270,36 @@ impl<B: LocalMemory> Endpoint<B> {
                 "inline send: too long, or no room in the send queue",
             ));
         }
-        if !self.staged.is_empty() || !self.staged_recv.is_empty() || !self.srq_staged.is_empty() {
+        if self.has_staged() {
             self.ring()?;
         }
+        self.post_one_inline(msg.as_ptr() as u64, msg.len())
+    }
+
+    /// Whether work is staged for the next [`Endpoint::ring`].
+    pub(crate) fn has_staged(&self) -> bool {
+        !self.staged.is_empty() || !self.staged_recv.is_empty() || !self.srq_staged.is_empty()
+    }
+
+    /// Posts the first `len` bytes of the next control slot (see [`Endpoint::next_ctrl_slot`])
+    /// as one inline SEND at once, as [`Endpoint::post_inline_now`] posts a message: the fast
+    /// path of a small message. Needs `sq_room() > 0`, `len <= inline_max()` and nothing
+    /// staged (else it refuses, posting nothing).
+    pub(crate) fn post_slot_inline_now(&mut self, len: usize) -> io::Result<()> {
+        if len > self.inline_max || self.sq_room() == 0 || self.has_staged() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "inline send: too long, no room in the send queue, or work staged before it",
+            ));
+        }
+        let sge = self.ctrl_sge(self.next_seq, len);
+        self.post_one_inline(sge.addr, len)
+    }
+
+    /// One inline SEND of `len` bytes at `addr`, signaled every quarter of the send queue.
+    /// The caller checked room, the inline limit and that `addr..addr + len` is readable
+    /// memory that lives across this call.
+    fn post_one_inline(&mut self, addr: u64, len: usize) -> io::Result<()> {
         let seq = self.next_seq;
         self.unsignaled += 1;
         let mut flags = sys::ibv_send_flags::IBV_SEND_INLINE.0;
@@ -1278,8 +1308,8 @@ impl<B: LocalMemory> Endpoint<B> {
             self.unsignaled = 0;
         }
         let mut sge = sys::ibv_sge {
-            addr: msg.as_ptr() as u64,
-            length: msg.len() as u32,
+            addr,
+            length: len as u32,
             lkey: 0,
         };
         // SAFETY: an all-zero `ibv_send_wr` is a valid value of this plain C struct.
@@ -1290,7 +1320,8 @@ impl<B: LocalMemory> Endpoint<B> {
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: one well-formed request whose SGE points at `msg`, which the provider copies
+        // SAFETY: one well-formed request whose SGE points at `len` readable bytes (a message
+        // borrowed by the caller, or a control slot of `self.ctrl`), which the provider copies
         // into the request during this call (IBV_SEND_INLINE: no lkey, nothing to keep). The QP
         // handle is valid while `self.qp` lives.
         let rc = unsafe { sys::ibv_post_send(self.qp().qp().as_ptr(), &mut wr, &mut bad) };
@@ -1384,7 +1415,7 @@ impl<B: LocalMemory> Endpoint<B> {
         Ok(Some(len))
     }
 
-    /// Polls up to 32 completions into `out`; returns how many work completions were read.
+    /// Polls up to [`POLL_BATCH`] completions into `out`; returns how many work completions were read.
     pub(crate) fn poll(&mut self, out: &mut Vec<Completion<B>>) -> io::Result<usize> {
         let n = self.poll_wcs()?;
         for i in 0..n {
@@ -1413,10 +1444,10 @@ impl<B: LocalMemory> Endpoint<B> {
         Ok(n)
     }
 
-    /// Reads up to 32 work completions into `self.wcs`; returns how many.
+    /// Reads up to [`POLL_BATCH`] work completions into `self.wcs`; returns how many.
     fn poll_wcs(&mut self) -> io::Result<usize> {
         self.wcs.clear();
-        let cap = self.wcs.capacity();
+        let cap = POLL_BATCH.min(self.wcs.capacity());
         // SAFETY: `wcs` has room for `cap` entries; ibv_poll_cq writes at most that many and
         // returns how many it wrote (or a negative error). The CQ is valid while `self.cq` lives
         // (also in `Drop`, whose body runs before the fields drop).

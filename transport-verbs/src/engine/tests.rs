@@ -1240,3 +1240,68 @@ fn a_fins_buffer_is_granted_back_at_once_while_data_credits_are_withheld() {
         "its buffer is owed, to go with the next message"
     );
 }
+
+/// The fast path takes a small message only when `poll_work` would hand it out at once and
+/// as it would: nothing queued ahead, the handshake done, three credits; the header it gives
+/// carries the owed credits and spends one, as an EAGER from the queue does.
+#[test]
+fn send_now_takes_a_message_only_when_the_queue_would_send_it_at_once() {
+    let msg = |n: usize| OutMsg {
+        header: HeaderBytes::EMPTY,
+        len: n,
+        payload: Bytes::from(vec![7u8; n]),
+    };
+    let mut fresh = E::new(cfg(), Arc::new(Metrics::default()), Instant::now());
+    assert!(fresh.send_now(0, 1).is_none(), "before the peer's HELLO");
+
+    let (mut e, _) = connected();
+    e.on_recv(eager(b"x")).expect("had a credit");
+    let (credits, peer, owed, _) = e.credit_state();
+    assert!(owed >= 1, "the received buffer's credit is owed");
+    let th = e.send_now(0, 1).expect("clear to send");
+    assert_eq!((th.kind, th.len, th.credits), (Kind::Eager, 1, owed as u16));
+    assert_eq!(e.credit_state(), (credits - 1, peer + owed, 0, 0));
+
+    assert!(
+        e.send_now(0, BUF).is_none(),
+        "a message beyond the peer's buffer goes by rendezvous, through the queue"
+    );
+    e.send(msg(1));
+    assert!(e.send_now(0, 1).is_none(), "a queued message goes first");
+    drain(&mut e);
+    while e.credit_state().0 >= 3 {
+        e.send_now(0, 1).expect("credits left");
+    }
+    assert!(
+        e.send_now(0, 1).is_none(),
+        "the last two credits are kept for a FIN and a CREDIT or CLOSE"
+    );
+}
+
+/// Small payloads are copied into shared chunks: each copy holds its bytes, copies follow each
+/// other in one chunk (no allocation each), a full chunk is replaced, and larger payloads or
+/// empty ones take no chunk space.
+#[test]
+fn small_payloads_share_chunks_and_keep_their_bytes() {
+    let mut s = SmallCopies::default();
+    let a = s.copy(b"one");
+    let b = s.copy(b"two!");
+    assert_eq!((&a[..], &b[..]), (&b"one"[..], &b"two!"[..]));
+    assert_eq!(
+        b.as_ptr() as usize - a.as_ptr() as usize,
+        3,
+        "carved from one chunk"
+    );
+    assert!(s.copy(b"").is_empty());
+    let big = vec![9u8; SMALL_COPY_MAX + 1];
+    assert_eq!(&s.copy(&big)[..], &big[..]);
+    let mut kept = Vec::new();
+    for i in 0..2 * SMALL_CHUNK / 100 {
+        kept.push(s.copy(&[i as u8; 100]));
+    }
+    for (i, k) in kept.iter().enumerate() {
+        assert_eq!(&k[..], &[i as u8; 100][..], "copy {i} kept its bytes");
+    }
+    drop(a);
+    assert_eq!(&b[..], b"two!", "a copy outlives its neighbours");
+}
