@@ -235,40 +235,17 @@ count() {{ $1 $B count $2 --count $3 >$W/count.log 2>&1 || {{ echo "profile: ben
         keep = u8::from(o.keep),
         prefix = e.prefix,
     );
-    let vg = |out: &str| format!("{} --tool=callgrind --callgrind-out-file={out}", e.valgrind);
-    let cases = selected(o);
-    if o.sides.iter().any(|x| x == "client") {
-        s.push_str("srv_start \"\"\n");
-        for (c, n) in &cases {
-            let args = format!(
-                "{} --path {} --op {} --size {}",
-                (e.target)(c.path),
-                c.path,
-                c.op,
-                c.size.max(1)
-            );
-            for k in [*n, 3 * n] {
-                s.push_str(&format!(
-                    "count \"{}\" \"{args}\" {k}; echo \"{}PROFILE {} client {} {} {} {k} $(ir $W/cg)\"\n",
-                    vg("$W/cg"),
-                    e.prefix,
-                    e.transport,
-                    c.path,
-                    c.op,
-                    c.size
-                ));
-                if k == 3 * n {
-                    s.push_str(&format!(
-                        "keep $W/cg {}-client-{}-{}-{}\n",
-                        e.transport, c.path, c.op, c.size
-                    ));
-                }
-            }
+    let vg = format!("{} --tool=callgrind --callgrind-out-file=$W/cg", e.valgrind);
+    for side in ["client", "server"] {
+        if !o.sides.iter().any(|x| x == side) {
+            continue;
         }
-        s.push_str("srv_stop\n");
-    }
-    if o.sides.iter().any(|x| x == "server") {
-        for (c, n) in &cases {
+        // The client is counted beside one native server; the server, under callgrind, is
+        // started for each count and stopped by SIGTERM (callgrind writes its file at exit).
+        if side == "client" {
+            s.push_str("srv_start \"\"\n");
+        }
+        for (c, n) in selected(o) {
             let args = format!(
                 "{} --path {} --op {} --size {}",
                 (e.target)(c.path),
@@ -276,23 +253,22 @@ count() {{ $1 $B count $2 --count $3 >$W/count.log 2>&1 || {{ echo "profile: ben
                 c.op,
                 c.size.max(1)
             );
-            for k in [*n, 3 * n] {
+            let what = format!("{} {side} {} {} {}", e.transport, c.path, c.op, c.size);
+            for k in [n, 3 * n] {
+                let one = if side == "client" {
+                    format!("count \"{vg}\" \"{args}\" {k}")
+                } else {
+                    format!("srv_start \"{vg}\"; count \"\" \"{args}\" {k}; srv_stop")
+                };
                 s.push_str(&format!(
-                    "srv_start \"{}\"; count \"\" \"{args}\" {k}; srv_stop; echo \"{}PROFILE {} server {} {} {} {k} $(ir $W/sg)\"\n",
-                    vg("$W/sg"),
-                    e.prefix,
-                    e.transport,
-                    c.path,
-                    c.op,
-                    c.size
+                    "{one}; echo \"{}PROFILE {what} {k} $(ir $W/cg)\"\n",
+                    e.prefix
                 ));
-                if k == 3 * n {
-                    s.push_str(&format!(
-                        "keep $W/sg {}-server-{}-{}-{}\n",
-                        e.transport, c.path, c.op, c.size
-                    ));
-                }
             }
+            s.push_str(&format!("keep $W/cg {}\n", what.replace(' ', "-")));
+        }
+        if side == "client" {
+            s.push_str("srv_stop\n");
         }
     }
     s
