@@ -220,7 +220,7 @@ srv_start() {{
   i=0
   until grep -q "{ready}" $W/srv.log 2>/dev/null; do
     i=$((i + 1))
-    if [ $i -gt 600 ] || ! kill -0 $SRV 2>/dev/null; then echo "profile: the server did not start"; cat $W/srv.log; exit 1; fi
+    if [ $i -gt 1500 ] || ! kill -0 $SRV 2>/dev/null; then echo "profile: the server did not start"; cat $W/srv.log; exit 1; fi
     nap
   done
 }}
