@@ -476,9 +476,15 @@ fn render(c: &Counts, o: &Opts) -> String {
         c.get(&(t.into(), side.into(), path.into(), op.into(), size))
             .and_then(|r| per_message(r))
     };
-    let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}"));
+    // A negative difference is noise (waiting polls that differed between the two runs
+    // by more than the messages cost), not a figure.
+    let fmt = |v: Option<f64>| match v {
+        Some(v) if v < 0.0 => "noise".to_owned(),
+        Some(v) => format!("{v:.0}"),
+        None => "-".to_owned(),
+    };
     let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+        (Some(a), Some(b)) if a >= 0.0 && b > 0.0 => format!("{:.2}x", a / b),
         _ => "-".to_owned(),
     };
     for t in &o.transports {
