@@ -848,10 +848,8 @@ impl Core {
         }
         let th = self.engine.send_now(hlen, plen)?;
         let ep = self.ep();
-        let slot = ep.next_ctrl_slot();
-        let n = th.encode(&msg.header, slot);
-        slot[n..n + plen].copy_from_slice(&msg.payload);
-        if let Err(e) = ep.post_slot_inline_now(n + plen) {
+        let n = th.encode_message(&msg.header, &msg.payload, ep.next_ctrl_slot());
+        if let Err(e) = ep.post_slot_inline_now(n) {
             return Some(Err(device_fail("ibv_post_send", &self.device, e)));
         }
         self.metrics.doorbells.incr();
@@ -880,10 +878,8 @@ impl Core {
                 let inline_max = self.ep().inline_max();
                 if TH_LEN + header.len() + plen <= inline_max {
                     let ep = self.ep();
-                    let slot = ep.next_ctrl_slot();
-                    let n = th.encode(&header, slot);
-                    slot[n..n + plen].copy_from_slice(&payload.bytes);
-                    ep.stage_send(SqLocal::Ctrl { len: n + plen });
+                    let n = th.encode_message(&header, &payload.bytes, ep.next_ctrl_slot());
+                    ep.stage_send(SqLocal::Ctrl { len: n });
                     self.metrics.payload_bytes_copied.add(plen as u64);
                 } else if let Some(h) = payload.held.or_else(|| self.pool.lookup(&payload.bytes)) {
                     let ep = self.ep();
@@ -894,10 +890,9 @@ impl Core {
                         .pool
                         .get_for(TH_LEN + header.len() + plen)
                         .map_err(Fail::verbs)?;
-                    let n = th.encode(&header, buf.as_mut_slice());
-                    buf.as_mut_slice()[n..n + plen].copy_from_slice(&payload.bytes);
+                    let n = th.encode_message(&header, &payload.bytes, buf.as_mut_slice());
                     self.metrics.payload_bytes_copied.add(plen as u64);
-                    self.ep().stage_send(SqLocal::Buf { buf, len: n + plen });
+                    self.ep().stage_send(SqLocal::Buf { buf, len: n });
                 }
             }
             Work::Rts {

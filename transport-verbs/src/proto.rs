@@ -119,6 +119,19 @@ impl Th {
         TH_LEN + header.len()
     }
 
+    /// Writes the whole message (this header, `header`, `payload`) into `out`, which holds at
+    /// least `TH_LEN + header.len() + payload.len()` bytes; returns the bytes written.
+    pub(crate) fn encode_message(
+        &self,
+        header: &HeaderBytes,
+        payload: &[u8],
+        out: &mut [u8],
+    ) -> usize {
+        let n = self.encode(header, out);
+        out[n..n + payload.len()].copy_from_slice(payload);
+        n + payload.len()
+    }
+
     /// Decodes a received message of `msg.len()` bytes: the header, the message header and the
     /// offset of the payload. Validates every length against the bytes actually received.
     pub(crate) fn decode(msg: &[u8]) -> Result<(Th, HeaderBytes, usize), ProtocolViolation> {

@@ -197,10 +197,7 @@ pub(crate) fn has_rdma_device() -> bool {
 #[cfg(test)]
 mod tests {
     use super::{local_mode, wants_verbs};
-
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
-    }
+    use crate::util::args;
 
     /// The guest runs only for a local comparison that includes verbs.
     #[test]

@@ -524,10 +524,7 @@ fn render(c: &Counts, o: &Opts) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
-    }
+    use crate::util::args;
 
     #[test]
     fn options_parse_and_refuse_unknown_names() {

@@ -111,6 +111,12 @@ fn civil(secs: u64) -> [u64; 6] {
     ]
 }
 
+/// Test helper: a command line split at whitespace, as the argument list a command gets.
+#[cfg(test)]
+pub fn args(s: &str) -> Vec<String> {
+    s.split_whitespace().map(String::from).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1055,10 +1055,7 @@ fn check_tests_ran(
 #[cfg(test)]
 mod tests {
     use super::{guest_bench_args, perftest_device, verbs_device, TARGETS};
-
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
-    }
+    use crate::util::args;
 
     #[test]
     fn guest_bench_args_keep_the_users_choices_and_set_the_guests_own() {
