@@ -245,6 +245,7 @@ pub(crate) fn start(est: Established) -> Result<VerbsConnection, TransportError>
         app_lease: None,
         driver_turn: false,
         pump_turn: false,
+        receiver_turn: false,
         delivered_now: false,
         reads_yield: false,
         reads_after_yield: false,
@@ -400,6 +401,9 @@ struct Core {
     /// The device's pump thread holds the lock (`Core::on_cq_event`): what it delivers is a
     /// hand-off too.
     pump_turn: bool,
+    /// The receiving half holds the lock and polls on its own task: deliveries stay in the
+    /// engine for it to take (`VerbsReceiver::take_direct`).
+    receiver_turn: bool,
     /// This driver turn delivered a message: READs wait for the application's turn.
     delivered_now: bool,
     /// The driver held back a READ for the application's turn: it yields, then posts it.
@@ -598,6 +602,17 @@ impl Core {
         self.drain_cq()
     }
 
+    /// For a poller on behalf of the receiving half: drains the CQ if it holds anything
+    /// (deliveries go through the channel); true when it did (the connection then spins
+    /// again, and the driver is woken if it must act on what was taken).
+    fn took_any(&mut self) -> bool {
+        if self.progress_if_any() == 0 {
+            return false;
+        }
+        self.acted();
+        true
+    }
+
     /// Polls until the CQ is empty (a batch short of the poll's capacity says so), stepping
     /// the engine after each batch of completions: a lone completion costs one poll and one
     /// step.
@@ -657,7 +672,11 @@ impl Core {
                 .handle_timeout(Instant::now())
                 .map_err(Fail::verbs)?;
         }
-        self.deliver_ready();
+        // The receiving half stepping on its own task takes its deliveries from the engine
+        // itself (`VerbsReceiver::take_direct`): no channel, no backlog to count.
+        if !self.receiver_turn {
+            self.deliver_ready();
+        }
         self.pump_out()?;
         // The clock is read only when this step armed a deadline (a FIN, the first RTS).
         if self.engine.needs_clock() {
@@ -751,9 +770,10 @@ impl Core {
         }
     }
 
-    fn deliver_ready(&mut self) {
-        while let Some(d) = self.engine.poll_delivery() {
-            let item = match d {
+    /// The engine's next delivery as the application takes it (`None`: nothing ready).
+    fn next_delivery(&mut self) -> Option<ToApp> {
+        loop {
+            let item = match self.engine.poll_delivery()? {
                 engine::Delivery::Msg(m) => ToApp::Msg(m),
                 engine::Delivery::Rendezvous { tag, header, len } => {
                     let Some(target) = self.targets.remove(&tag) else {
@@ -770,6 +790,13 @@ impl Core {
                 }
                 engine::Delivery::End => ToApp::End,
             };
+            return Some(item);
+        }
+    }
+
+    /// Hands every ready delivery to the receiving half's channel.
+    fn deliver_ready(&mut self) {
+        while let Some(item) = self.next_delivery() {
             let bytes = match &item {
                 ToApp::Msg(m) => m.payload.len() as u64,
                 _ => 0,
@@ -1483,27 +1510,79 @@ impl std::fmt::Debug for VerbsReceiver {
     }
 }
 
+/// What the receiving half found when it looked under the lock ([`VerbsReceiver::look`]).
+enum Look {
+    /// The next delivery, taken straight from the engine.
+    Got(ToApp),
+    /// Completions taken with nothing for this half yet, or deliveries waiting in the
+    /// channel: look again.
+    Again,
+    /// Nothing there.
+    Nothing,
+}
+
 impl VerbsReceiver {
-    /// Drains the CQ on this task if it holds anything; true when it did (the connection
-    /// then spins again, and the driver is woken if it must act on what was taken).
-    fn took_any(core: &mut Core) -> bool {
-        if core.progress_if_any() == 0 {
-            return false;
+    /// Under the lock: the next delivery, taken from the engine on this task when the channel
+    /// holds none (deliveries reach the channel only under this lock, so with the channel
+    /// empty the engine's are the oldest). Drains the CQ if it holds anything, leaving what
+    /// it delivers in the engine for this half: no channel, no backlog count, no hand-off.
+    /// A drain that took anything keeps the connection spinning and wakes the driver if it
+    /// must act on what was taken.
+    fn look(&self, core: &mut Core) -> Look {
+        if !self.rx.is_empty() {
+            return Look::Again;
+        }
+        if let Some(d) = core.next_delivery() {
+            return Look::Got(d);
+        }
+        core.receiver_turn = true;
+        let took = core.progress_if_any();
+        core.receiver_turn = false;
+        if took == 0 {
+            return Look::Nothing;
         }
         core.acted();
-        true
+        // A failure on the way went through the channel, after what was ready.
+        if !self.rx.is_empty() {
+            return Look::Again;
+        }
+        core.next_delivery().map_or(Look::Again, Look::Got)
+    }
+
+    /// A delivery taken from the channel: no longer in the backlog the engine watches.
+    fn taken_from_channel(&self, item: ToApp) -> ToApp {
+        let bytes = match &item {
+            ToApp::Msg(m) => m.payload.len() as u64,
+            _ => 0,
+        };
+        let _ = self
+            .shared
+            .backlog
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v.saturating_sub(1))
+            });
+        let _ = self
+            .shared
+            .backlog_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v.saturating_sub(bytes))
+            });
+        if self.shared.watching.load(Ordering::Acquire) {
+            self.shared.drained.notify_one();
+        }
+        item
     }
 
     /// The next delivery: taken from what was already delivered, else polled from the CQ on
     /// this task while the spin budget runs (the reply of a ping-pong then costs no hop
-    /// through the driver), else awaited from the driver.
+    /// through the driver or the channel), else awaited from the driver.
     async fn next(&mut self) -> Option<ToApp> {
         let mut looked = false;
         // Counts this receiver among its thread's own-task spinners while it spins here.
         let mut own_spin: Option<poller::OwnSpin> = None;
         loop {
             match self.rx.try_recv() {
-                Ok(d) => return Some(d),
+                Ok(d) => return Some(self.taken_from_channel(d)),
                 Err(mpsc::error::TryRecvError::Disconnected) => return None,
                 Err(mpsc::error::TryRecvError::Empty) => {}
             }
@@ -1513,14 +1592,17 @@ impl VerbsReceiver {
                     tokio::task::yield_now().await;
                     continue;
                 };
-                if Self::took_any(&mut core) {
-                    continue;
+                match self.look(&mut core) {
+                    Look::Got(d) => return Some(d),
+                    Look::Again => continue,
+                    Look::Nothing => {}
                 }
                 let spin = core.renew_lease(Instant::now());
                 spin.then_some(core.cfg.poll_together_from)
             };
             let Some(together_from) = spin else {
-                return self.rx.recv().await;
+                let d = self.rx.recv().await;
+                return d.map(|d| self.taken_from_channel(d));
             };
             if own_spin.is_none() {
                 match poller::place(&self.slot, together_from) {
@@ -1529,27 +1611,37 @@ impl VerbsReceiver {
                         // The poller polls the CQ and hands the message over the channel.
                         let d = self.rx.recv().await;
                         drop(waiting);
-                        return d;
+                        return d.map(|d| self.taken_from_channel(d));
                     }
                 }
             }
             // From the second turn of this wait on: a few more polls before going through the
             // runtime. The first turn returns at once, so a caller that only looks whether a
             // message is there (the RPC server before it writes its replies) is not held.
-            let got = looked
-                && (0..TIGHT_POLLS).any(|_| {
+            let mut again = false;
+            if looked {
+                for _ in 0..TIGHT_POLLS {
                     std::hint::spin_loop();
-                    self.core
-                        .try_lock()
-                        .is_ok_and(|mut core| Self::took_any(&mut core))
-                });
+                    let Ok(mut core) = self.core.try_lock() else {
+                        continue;
+                    };
+                    match self.look(&mut core) {
+                        Look::Got(d) => return Some(d),
+                        Look::Again => {
+                            again = true;
+                            break;
+                        }
+                        Look::Nothing => {}
+                    }
+                }
+            }
             looked = true;
-            if got {
+            if again {
                 continue;
             }
             tokio::select! {
                 biased;
-                d = self.rx.recv() => return d,
+                d = self.rx.recv() => return d.map(|d| self.taken_from_channel(d)),
                 _ = tokio::task::yield_now() => {}
             }
         }
@@ -1564,27 +1656,6 @@ impl MessageReceiver for VerbsReceiver {
             None => {}
         }
         let d = self.next().await;
-        if let Some(item) = &d {
-            let bytes = match item {
-                ToApp::Msg(m) => m.payload.len() as u64,
-                _ => 0,
-            };
-            let _ = self
-                .shared
-                .backlog
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                    Some(v.saturating_sub(1))
-                });
-            let _ =
-                self.shared
-                    .backlog_bytes
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                        Some(v.saturating_sub(bytes))
-                    });
-            if self.shared.watching.load(Ordering::Acquire) {
-                self.shared.drained.notify_one();
-            }
-        }
         match d {
             Some(ToApp::Msg(m)) => {
                 self.metrics.messages_received.incr();

@@ -1119,11 +1119,14 @@ impl<B: LocalMemory> Endpoint<B> {
     pub(crate) fn ring(&mut self) -> io::Result<u64> {
         let mut doorbells = 0;
         if let Some(srq) = &self.srq {
-            if !self.srq_staged.is_empty() {
+            // Buffers given back, then fresh ones for slots a completion took and no buffer
+            // came back for: one lock to learn both.
+            let gave_back = !self.srq_staged.is_empty();
+            if std::mem::take(&mut self.srq_took) {
+                let fresh = srq.post_and_refill(&mut self.srq_staged)?;
+                doorbells += u64::from(gave_back) + u64::from(fresh > 0);
+            } else if gave_back {
                 srq.post(&mut self.srq_staged)?;
-                doorbells += 1;
-            }
-            if std::mem::take(&mut self.srq_took) && srq.refill()? > 0 {
                 doorbells += 1;
             }
         }
@@ -1622,8 +1625,7 @@ impl<B: LocalMemory> Drop for Endpoint<B> {
                     }
                 }
             }
-            let _ = srq.post(&mut bufs);
-            let _ = srq.refill();
+            let _ = srq.post_and_refill(&mut bufs);
         }
     }
 }

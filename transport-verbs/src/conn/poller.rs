@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
-use super::{Core, VerbsReceiver};
+use super::Core;
 
 /// Deliveries the pollers made (turns in which a poller took completions from a CQ), for tests.
 #[cfg(feature = "test-hooks")]
@@ -177,7 +177,7 @@ impl Poller {
                 let Ok(mut core) = core.try_lock() else {
                     continue;
                 };
-                if VerbsReceiver::took_any(&mut core) {
+                if core.took_any() {
                     #[cfg(feature = "test-hooks")]
                     POLLED_TOGETHER.fetch_add(1, Ordering::Relaxed);
                 }

@@ -158,11 +158,9 @@ impl<B: LocalMemory> Srq<B> {
     }
 
     /// Posts `bufs` into free slots (buffers beyond the free slots are dropped: back to the
-    /// pool). One `ibv_post_srq_recv` call.
-    pub(crate) fn post(&self, bufs: &mut Vec<B>) -> io::Result<()> {
-        if bufs.is_empty() {
-            return Ok(());
-        }
+    /// pool). One `ibv_post_srq_recv` call. Returns the slots still free after it, read under
+    /// the same lock (the caller refills them only when there are any).
+    pub(crate) fn post(&self, bufs: &mut Vec<B>) -> io::Result<usize> {
         let mut guard = self.table.lock().unwrap_or_else(|p| p.into_inner());
         let t = &mut *guard;
         let n = bufs.len().min(t.free.len());
@@ -186,7 +184,7 @@ impl<B: LocalMemory> Srq<B> {
         }
         bufs.clear();
         if n == 0 {
-            return Ok(());
+            return Ok(t.free.len());
         }
         for i in 0..n {
             wrs[i].sg_list = &mut sges[i];
@@ -219,24 +217,28 @@ impl<B: LocalMemory> Srq<B> {
             return Err(io::Error::from_raw_os_error(rc));
         }
         self.posted.fetch_add(n, Ordering::Relaxed);
-        Ok(())
+        Ok(t.free.len())
+    }
+
+    /// Posts `bufs` (possibly none) into free slots, then fresh buffers into the slots still
+    /// free. Returns how many fresh ones were posted.
+    pub(crate) fn post_and_refill(&self, bufs: &mut Vec<B>) -> io::Result<usize> {
+        let missing = self.post(bufs)?;
+        if missing == 0 {
+            return Ok(0);
+        }
+        bufs.extend(
+            (0..missing)
+                .map(|_| (self.fresh)())
+                .collect::<io::Result<Vec<_>>>()?,
+        );
+        self.post(bufs)?;
+        Ok(missing)
     }
 
     /// Posts fresh buffers into every free slot. Returns how many were posted.
     pub(crate) fn refill(&self) -> io::Result<usize> {
-        let missing = {
-            let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
-            t.free.len()
-        };
-        if missing == 0 {
-            return Ok(0);
-        }
-        let mut bufs = Vec::with_capacity(missing);
-        for _ in 0..missing {
-            bufs.push((self.fresh)()?);
-        }
-        self.post(&mut bufs)?;
-        Ok(missing)
+        self.post_and_refill(&mut Vec::new())
     }
 }
 
