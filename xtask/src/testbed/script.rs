@@ -282,7 +282,10 @@ tb_end() {{
   if [ "$2" -eq 0 ]; then
     tb_pass=$((tb_pass + 1)); echo "{STEP_END}$1 ok $secs"
   else
-    tb_fail=$((tb_fail + 1)); tb_failed="$tb_failed $1"; echo "{STEP_END}$1 FAIL rc=$2 $secs"
+    tb_fail=$((tb_fail + 1)); tb_failed="$tb_failed $1"
+    # What the kernel saw (a queue pair's error, a terminate, a reset stream) goes with it.
+    echo "--- kernel log, last 25 lines ---"; dmesg 2>/dev/null | tail -n 25
+    echo "{STEP_END}$1 FAIL rc=$2 $secs"
   fi
 }}
 tb_wait_tcp() {{
