@@ -121,6 +121,9 @@ struct Shared {
     kick: Notify,
     /// Wakes the sender waiting for room in the engine's queue, or for its close to be sent.
     room: Notify,
+    /// Set by a sender before it waits on `room`: a step that makes room wakes it only then
+    /// (most steps find nobody waiting).
+    room_wanted: AtomicBool,
 }
 
 impl Shared {
@@ -687,8 +690,9 @@ impl Core {
                 let _ = a.send(());
             }
         }
-        if self.engine.queued() < OUTQ_MAX {
+        if self.engine.queued() < OUTQ_MAX && self.shared.room_wanted.load(Ordering::Acquire) {
             // A sender waiting for room (or for its close) looks again.
+            self.shared.room_wanted.store(false, Ordering::Release);
             self.shared.room.notify_one();
         }
         self.shared
@@ -1287,6 +1291,8 @@ impl VerbsSender {
             tokio::pin!(notified);
             if waiting {
                 notified.as_mut().enable();
+                // Before the look under the lock: a step after it sees the flag and wakes us.
+                self.shared.room_wanted.store(true, Ordering::SeqCst);
             }
             {
                 let mut core = lock(&self.core);

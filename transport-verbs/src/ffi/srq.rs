@@ -167,7 +167,9 @@ impl<B: LocalMemory> Srq<B> {
         let (sges, wrs) = (&mut t.sges, &mut t.wrs);
         sges.clear();
         wrs.clear();
-        for buf in bufs.drain(..n) {
+        // Buffers beyond the free slots go back to the pool; the rest are taken from the end.
+        bufs.truncate(n);
+        while let Some(buf) = bufs.pop() {
             let slot = t.free.pop().expect("counted above");
             sges.push(sys::ibv_sge {
                 addr: buf.addr() as u64,
@@ -182,7 +184,6 @@ impl<B: LocalMemory> Srq<B> {
             });
             t.slots[slot] = Some(buf);
         }
-        bufs.clear();
         if n == 0 {
             return Ok(t.free.len());
         }
