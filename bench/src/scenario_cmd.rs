@@ -344,7 +344,11 @@ fn spawn_server<T: Transport + Clone>(
     core: Option<usize>,
 ) -> Result<T::Addr, String> {
     crate::spawn_server_with(transport, addr, core, |listener| async move {
-        let server = RpcServer::new(ScenarioHandler::default(), ServerConfig::default());
+        // The bench makes its own load: every client it starts is served (the default limit
+        // follows RLIMIT_NOFILE, which verbs connections do not use).
+        let mut config = ServerConfig::default();
+        config.max_connections = usize::MAX;
+        let server = RpcServer::new(ScenarioHandler::default(), config);
         let _ = server.serve(listener).await;
     })
 }

@@ -85,7 +85,8 @@ macro_rules! hostile_tests {
             closing_a_connection_cancels_its_handlers_and_frees_their_requests,
             request_bytes_per_connection_bound_the_running_handlers,
             server_budget_bounds_request_bytes_across_connections,
-            idle_connection_is_closed_after_idle_timeout
+            idle_connection_is_closed_after_idle_timeout,
+            a_connection_flood_past_max_connections_leaves_clients_served
         );
     };
 }
@@ -798,6 +799,72 @@ pub mod cases {
             "closed {:?} after the call ended, before the idle timeout",
             replied.elapsed()
         );
+    }
+
+    /// With `max_connections` = 4, a correct client connected first keeps being served while
+    /// 8 more connections (twice the limit) arrive and never send a frame: the server serves
+    /// 4 at most at once (it stops accepting; the rest wait in the listener's queue), and once
+    /// the flood goes, the connections it left waiting are served and ended and a new client
+    /// is served. Fails if the server accepts past its limit, or if the flood starves the
+    /// client or the accept loop.
+    pub async fn a_connection_flood_past_max_connections_leaves_clients_served<B: Backend>(b: &B) {
+        const MAX: usize = 4;
+        let config = ServerConfig {
+            max_connections: MAX,
+            idle_timeout: None,
+            ..ServerConfig::default()
+        };
+        let parked = Arc::new(Parked::default());
+        let (addr, server) = serve(
+            b.transport(8 * MIB),
+            &b.listen_addr(),
+            parking_service(parked),
+            config,
+        )
+        .await;
+        let client = good_client(b, &addr, MIB).await;
+        still_served(&client, "before the flood").await;
+        // Each flood connection is held until `go` is sent; connects past the limit may wait
+        // for the server (or fail): the flood's tasks are not awaited one by one.
+        let (go, _) = tokio::sync::broadcast::channel::<()>(1);
+        let mut flood = tokio::task::JoinSet::new();
+        for _ in 0..2 * MAX {
+            let (t, addr, mut gone) = (b.transport(8 * MIB), addr.clone(), go.subscribe());
+            flood.spawn(async move {
+                let conn = t.connect(&addr).await;
+                let _ = gone.recv().await;
+                drop(conn);
+            });
+        }
+        assert!(
+            eventually(WAIT, || server.connections() == MAX).await,
+            "the flood was not served up to the limit: {} connections served",
+            server.connections()
+        );
+        let most = most_during(Duration::from_millis(500), || server.connections()).await;
+        assert!(
+            most <= MAX,
+            "{most} connections served with max_connections {MAX}"
+        );
+        still_served(&client, "during a flood of twice max_connections").await;
+        assert_eq!(
+            server.connections(),
+            MAX,
+            "the limit is not kept while flooded"
+        );
+        drop(go);
+        tokio::time::timeout(WAIT, async { while flood.join_next().await.is_some() {} })
+            .await
+            .expect("the flood's connections went");
+        // The connections left waiting are accepted, find their peer gone, and end.
+        assert!(
+            eventually(WAIT, || server.connections() == 1).await,
+            "{} connections still served after the flood went (the client's is 1)",
+            server.connections()
+        );
+        let late = good_client(b, &addr, MIB).await;
+        still_served(&late, "a client connecting after the flood").await;
+        still_served(&client, "after the flood").await;
     }
 
     /// 200 connections each announce a frame of the largest size (64 MiB) and send nothing

@@ -23,8 +23,8 @@ pub use client::{CallOptions, ClientConfig, RpcClient};
 pub use error::{code, ProtocolError, RpcError, Status, MAX_STATUS_MESSAGE};
 pub use header::{HeaderError, Kind, RpcHeader, RPC_HEADER_LEN};
 pub use server::{
-    Handler, Request, RpcServer, ServerConfig, DEFAULT_REQUEST_BYTES_PER_CONNECTION,
-    DEFAULT_SERVER_BUDGET,
+    default_max_connections, Handler, Request, RpcServer, ServerConfig, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_REQUEST_BYTES_PER_CONNECTION, DEFAULT_SERVER_BUDGET,
 };
 
 #[cfg(test)]

@@ -14,10 +14,11 @@ use futures_util::task::AtomicWaker;
 use std::collections::HashMap;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -100,8 +101,19 @@ pub struct ServerConfig {
     /// Time limit for a handler; past it the call gets [`code::DEADLINE_EXCEEDED`].
     pub handler_timeout: Option<Duration>,
     /// Close a connection that has had no message and no running call for this long
-    /// (default `None`: idle connections stay open; TCP keepalive still detects dead peers).
+    /// (default [`DEFAULT_IDLE_TIMEOUT`], 180 s, as omniORB's scan of idle incoming
+    /// connections; `None` keeps idle connections open for ever). A peer that connects and
+    /// never sends a frame holds one of [`ServerConfig::max_connections`] at most this long.
+    /// The client of a closed connection gets an error at its next call; the application
+    /// makes a new connection.
     pub idle_timeout: Option<Duration>,
+    /// Most connections [`RpcServer::serve`] serves at once (default
+    /// [`default_max_connections`]: fitted to `RLIMIT_NOFILE`). At the limit it stops
+    /// accepting until a connection ends: new connections wait in the listener's queue (the
+    /// kernel's backlog on sockets), nothing is refused, and the connections being served
+    /// keep being served. Connections handed to [`RpcServer::serve_connection`] directly are
+    /// counted in [`RpcServer::connections`] but not held back.
+    pub max_connections: usize,
     /// When the peer closes the connection (or it fails), drop its running handlers, which
     /// cancels them and frees the requests they hold (default `true`). With `false` they run
     /// to the end and their replies are written if the peer still reads.
@@ -117,10 +129,35 @@ impl Default for ServerConfig {
             max_request_bytes_per_connection: DEFAULT_REQUEST_BYTES_PER_CONNECTION,
             memory_budget: MemoryBudget::new(DEFAULT_SERVER_BUDGET),
             handler_timeout: None,
-            idle_timeout: None,
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
+            max_connections: default_max_connections(),
             cancel_on_close: true,
         }
     }
+}
+
+/// Default of [`ServerConfig::idle_timeout`]: 180 s.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Default of [`ServerConfig::max_connections`]: the soft `RLIMIT_NOFILE` when the config is
+/// made, less an eighth of it (at least 64) kept for the rest of the process: 896 with the
+/// usual 1024, 917 504 with 1 048 576. A socket connection holds one descriptor; without the
+/// limit, a flood of connections takes the last ones and accepts fail for everyone.
+pub fn default_max_connections() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `getrlimit` only writes the limit into `lim`, a valid `rlimit`.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0;
+    max_connections_for(ok.then_some(lim.rlim_cur))
+}
+
+/// [`default_max_connections`] for a soft descriptor limit (`None`: unknown, taken as 1024;
+/// `RLIM_INFINITY` and anything above 1 << 30 count as 1 << 30).
+fn max_connections_for(soft: Option<libc::rlim_t>) -> usize {
+    let soft = soft.map_or(1024, |n| n.min(1 << 30) as usize);
+    soft.saturating_sub((soft / 8).max(64)).max(1)
 }
 
 /// Accept failures (out of file descriptors, memory, ...): wait before the next accept,
@@ -169,6 +206,15 @@ impl AcceptBackoff {
     }
 }
 
+/// Counts a connection in [`RpcServer::connections`] while it is served.
+struct Served<'a>(&'a AtomicUsize);
+
+impl Drop for Served<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 struct Inner<H> {
     handler: H,
     config: ServerConfig,
@@ -180,6 +226,10 @@ struct Inner<H> {
     connection_wakers: std::sync::Mutex<HashMap<u64, Arc<AtomicWaker>>>,
     next_connection: AtomicU64,
     connections: TaskTracker,
+    /// One permit per connection `serve` may serve at once (`max_connections`).
+    slots: Arc<Semaphore>,
+    /// Connections being served now.
+    served: AtomicUsize,
 }
 
 /// An RPC server. Cheap to clone; clones share the handler and the shutdown switch.
@@ -230,6 +280,7 @@ impl<H> Clone for RpcServer<H> {
 impl<H: Handler> RpcServer<H> {
     /// A server running `handler`.
     pub fn new(handler: H, config: ServerConfig) -> RpcServer<H> {
+        let slots = config.max_connections.clamp(1, Semaphore::MAX_PERMITS);
         RpcServer {
             inner: Arc::new(Inner {
                 handler,
@@ -239,18 +290,42 @@ impl<H: Handler> RpcServer<H> {
                 connection_wakers: Default::default(),
                 next_connection: AtomicU64::new(0),
                 connections: TaskTracker::new(),
+                slots: Arc::new(Semaphore::new(slots)),
+                served: AtomicUsize::new(0),
             }),
         }
     }
 
     /// Accepts connections and serves each in its own task, until [`RpcServer::shutdown`].
     ///
-    /// An accept that fails (out of file descriptors or memory, ...) is retried after a
-    /// pause that doubles while failures continue (5 ms up to 1 s), and logged at most once
-    /// per 10 s with the number of failures.
+    /// At [`ServerConfig::max_connections`] connections it accepts no more until one ends
+    /// (back-pressure: new connections wait in the listener's queue), logged at most once per
+    /// 10 s. An accept that fails (out of file descriptors or memory, ...) is
+    /// retried after a pause that doubles while failures continue (5 ms up to 1 s), and
+    /// logged at most once per 10 s with the number of failures.
     pub async fn serve<L: Listener>(&self, mut listener: L) -> Result<(), TransportError> {
         let mut backoff = AcceptBackoff::new();
+        let mut full_logged: Option<Instant> = None;
         loop {
+            let slot = match self.inner.slots.clone().try_acquire_owned() {
+                Ok(slot) => slot,
+                Err(_) => {
+                    let now = Instant::now();
+                    if full_logged.is_none_or(|t| now - t >= AcceptBackoff::LOG_INTERVAL) {
+                        full_logged = Some(now);
+                        tracing::warn!(
+                            max_connections = self.inner.config.max_connections,
+                            "rpc server at max_connections: accepting again when one ends"
+                        );
+                    }
+                    tokio::select! {
+                        _ = self.inner.shutdown.cancelled() => return Ok(()),
+                        slot = self.inner.slots.clone().acquire_owned() => {
+                            slot.expect("the semaphore is never closed")
+                        }
+                    }
+                }
+            };
             tokio::select! {
                 _ = self.inner.shutdown.cancelled() => return Ok(()),
                 accepted = listener.accept() => match accepted {
@@ -258,6 +333,7 @@ impl<H: Handler> RpcServer<H> {
                         backoff.succeeded();
                         let this = self.clone();
                         self.inner.connections.spawn(async move {
+                            let _slot = slot;
                             let peer = conn.peer();
                             if let Err(e) = this.serve_connection(conn).await {
                                 tracing::debug!(%peer, error = %e, "rpc connection ended with an error");
@@ -297,8 +373,21 @@ impl<H: Handler> RpcServer<H> {
         self.inner.stopping.load(Ordering::SeqCst)
     }
 
-    /// Serves one connection until the peer closes it, it fails, or the server shuts down.
+    /// Connections being served now (by [`RpcServer::serve`] and
+    /// [`RpcServer::serve_connection`]).
+    pub fn connections(&self) -> usize {
+        self.inner.served.load(Ordering::Acquire)
+    }
+
+    /// Serves one connection until the peer closes it, it fails, it is idle past
+    /// [`ServerConfig::idle_timeout`], or the server shuts down.
     pub async fn serve_connection<C: Connection>(&self, conn: C) -> Result<(), RpcError> {
+        self.inner.served.fetch_add(1, Ordering::AcqRel);
+        let _served = Served(&self.inner.served);
+        self.serve_counted(conn).await
+    }
+
+    async fn serve_counted<C: Connection>(&self, conn: C) -> Result<(), RpcError> {
         let (mut tx, mut rx) = conn.split();
         let pool = tx.buffer_pool();
         let inner = &*self.inner;
@@ -988,6 +1077,60 @@ mod tests {
         }
         let p = Bytes::from_static(b"still here");
         assert_eq!(client.call(2, p.clone()).await.expect("next call"), p);
+    }
+
+    /// The default connection limit keeps an eighth of the descriptor limit (at least 64)
+    /// for the rest of the process, never reaches 0, and follows this process's limit.
+    #[test]
+    fn default_max_connections_leaves_descriptors_for_the_process() {
+        assert_eq!(max_connections_for(Some(1024)), 896);
+        assert_eq!(max_connections_for(Some(1 << 20)), 917_504);
+        assert_eq!(max_connections_for(Some(256)), 192);
+        assert_eq!(max_connections_for(Some(10)), 1);
+        assert_eq!(max_connections_for(None), 896);
+        assert_eq!(
+            max_connections_for(Some(libc::RLIM_INFINITY)),
+            (1 << 30) - (1 << 27)
+        );
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `getrlimit` only writes into `lim`.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        let config = ServerConfig::default();
+        assert_eq!(
+            config.max_connections,
+            max_connections_for(Some(lim.rlim_cur))
+        );
+        assert_eq!(config.idle_timeout, Some(DEFAULT_IDLE_TIMEOUT));
+    }
+
+    /// With the default settings a connection that never sends a frame is closed after
+    /// [`DEFAULT_IDLE_TIMEOUT`], not before (paused clock).
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_connection_is_closed_after_the_default_idle_timeout() {
+        let server = RpcServer::new(
+            |req: Request| async move { Ok(req.payload) },
+            ServerConfig::default(),
+        );
+        let (client_end, server_end) = Duplex::pair_with_pipe(1 << 20, 64 * 1024);
+        let start = Instant::now();
+        let served = tokio::spawn({
+            let server = server.clone();
+            async move { server.serve_connection(server_end).await }
+        });
+        // Counted while it is served.
+        tokio::task::yield_now().await;
+        assert_eq!(server.connections(), 1);
+        let ended = tokio::time::timeout(DEFAULT_IDLE_TIMEOUT * 2, served)
+            .await
+            .expect("a silent connection outlived twice the default idle timeout")
+            .expect("task");
+        assert!(ended.is_ok(), "{ended:?}");
+        assert!(start.elapsed() >= DEFAULT_IDLE_TIMEOUT, "closed too early");
+        assert_eq!(server.connections(), 0);
+        drop(client_end);
     }
 
     /// Accept failures back off (5 ms doubling to 1 s) and are logged at most once per
