@@ -76,6 +76,7 @@ mod proto;
 mod report;
 mod results;
 mod scenario_cmd;
+mod soak;
 mod suite;
 mod sys;
 mod verbs_args;
@@ -182,10 +183,14 @@ enum Command {
     /// recorded JSON renders to.
     #[command(subcommand)]
     Results(ResultsCommand),
-    /// Check the environment and say what to fix.
     /// One path, one operation, N messages, then exit: what `cargo xtask profile` runs under
     /// callgrind to count instructions per message (the difference of N and 3N).
     Count(count::CountArgs),
+    /// RPC clients for a bounded time while the server process is killed (SIGKILL) and
+    /// started again: every call accounted for (answered, failed with a typed error, lost,
+    /// misdelivered) and the client process's descriptors and tasks back to their baseline.
+    Soak(soak::SoakArgs),
+    /// Check the environment and say what to fix.
     Doctor {
         /// Print the findings as JSON.
         #[arg(long)]
@@ -481,6 +486,7 @@ fn main() -> ExitCode {
         }
         Some(Command::Doctor { json }) => doctor::run(json),
         Some(Command::Count(a)) => count::run(&a),
+        Some(Command::Soak(a)) => soak::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

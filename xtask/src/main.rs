@@ -58,7 +58,7 @@ fn print_help() {
          commands:\n  \
          bench [ARGS]   install build dependencies, then `cargo run --release -p bench -- ARGS`; without\n                 an RDMA device, then the verbs rows in the soft-RoCE guest (--no-guest: not)\n  \
          bench --record the fixed comparison, recorded as docs/results/ (page, JSON, plot) and the\n                 README's results block\n  \
-         test           install dependencies, then fmt + clippy + workspace tests + verbs suite in the soft-RoCE guest\n                 + `profile --smoke --ops ping`\n  \
+         test           install dependencies, then fmt + clippy + workspace tests + `bench soak` (uds, tcp) +\n                 verbs suite in the soft-RoCE guest + `profile --smoke --ops ping`\n  \
          deps           install (as root) or list (otherwise) the system packages the build needs\n  \
          profile        instructions per message (callgrind), client and server, uds/tcp here, verbs in\n                 the guest (`cargo xtask profile --help`)\n  \
          docs           check the docs: links and anchors resolve, README <= 12 KiB, pages <= 20 KiB\n  \
@@ -98,6 +98,13 @@ fn run_tests(args: &[String]) -> Result<(), String> {
         TEST_TIME_LIMIT,
     )?;
     util::run_with_timeout("cargo", &["test", "--workspace", "--doc"], TEST_TIME_LIMIT)?;
+    // Faults over time: the server process killed (SIGKILL) every 0.7 s under 8 clients for
+    // 10 s per socket transport; fails on a lost, misdelivered or leaked call.
+    util::run_with_timeout(
+        "cargo",
+        &["run", "-q", "-p", "bench", "--", "soak", "--seconds", "10"],
+        std::time::Duration::from_secs(5 * 60),
+    )?;
     if skip_verbs {
         // Only for local iteration; CI never passes this flag (see .ci/run).
         eprintln!("xtask: --no-verbs given: the verbs suite did NOT run");

@@ -1,0 +1,444 @@
+//! `bench soak`: RPC clients run for a bounded time while the server process is killed
+//! (SIGKILL, mid-call and mid-frame) and started again, and every call is accounted for.
+//!
+//! ```text
+//! bench soak --transports uds,tcp --seconds 20 --clients 8 --kill-every-ms 700
+//! ```
+//!
+//! Each client calls `echo` with a payload that names its call (its id and a pattern derived
+//! from it; 64 B, 64 KiB and 1 MiB in turn), one call at a time, and reconnects when its
+//! connection fails. A call ends in one of three ways: its own payload comes back
+//! (`answered`), a typed error (`failed`: the server was killed under it), or no end within
+//! [`CALL_BOUND`] (`lost`). A reply carrying another call's payload is `misdelivered`. After
+//! the run the process's descriptors and tasks must be back where they were before it
+//! (`leaked`). One line per transport; the command fails if anything was lost, misdelivered
+//! or leaked, or if no call was answered after a restart.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Args;
+use transport_core::rpc::{ClientConfig, RpcClient};
+use transport_core::{Connection, HeaderBytes, Message, MessageSender, Transport};
+use transport_tcp::TcpTransport;
+use transport_uds::{UdsAddr, UdsTransport};
+
+use crate::proto::{self, Presplit};
+
+/// A call that has not ended by then is lost (the RPC deadline is off: a call may only end
+/// by its reply or by its connection's failure).
+const CALL_BOUND: Duration = Duration::from_secs(20);
+/// How long a killed server takes at most to listen again.
+const RESTART_BOUND: Duration = Duration::from_secs(20);
+/// Payload sizes the clients take in turn.
+const SIZES: [usize; 3] = [64, 64 << 10, 1 << 20];
+
+/// `bench soak`'s arguments.
+#[derive(Args, Debug)]
+pub struct SoakArgs {
+    /// Transports to soak, in turn (uds, tcp).
+    #[arg(long, value_delimiter = ',', default_value = "uds,tcp")]
+    pub transports: Vec<SoakTransport>,
+    /// Seconds of calls per transport.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub seconds: u64,
+    /// Clients calling at once.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub clients: u64,
+    /// The server is killed (SIGKILL) after running this long, then started again.
+    #[arg(long, default_value_t = 700, value_parser = clap::value_parser!(u64).range(10..))]
+    pub kill_every_ms: u64,
+}
+
+/// A transport `bench soak` covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SoakTransport {
+    /// Unix-domain sockets.
+    Uds,
+    /// TCP on loopback.
+    Tcp,
+}
+
+/// What one transport's soak counted.
+#[derive(Debug, Default)]
+struct Tally {
+    calls: AtomicU64,
+    answered: AtomicU64,
+    failed: AtomicU64,
+    lost: AtomicU64,
+    misdelivered: AtomicU64,
+    /// Calls answered on a server started again after a kill.
+    answered_after_restart: AtomicU64,
+    connects: AtomicU64,
+}
+
+/// Runs the soak on each transport; fails if any of them lost, misdelivered or leaked.
+pub fn run(a: &SoakArgs) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("runtime: {e}"))?;
+    let dir = std::env::temp_dir().join(format!("bench-soak-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut bad = Vec::new();
+    for &t in &a.transports {
+        let line = rt.block_on(soak_one(t, a, &dir))?;
+        println!("{}", line.0);
+        if !line.1 {
+            bad.push(format!("{t:?}").to_lowercase());
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("soak failed on {}", bad.join(", ")))
+    }
+}
+
+/// One transport: its report line and whether it passed.
+async fn soak_one(
+    t: SoakTransport,
+    a: &SoakArgs,
+    dir: &std::path::Path,
+) -> Result<(String, bool), String> {
+    let sock = dir.join(format!("{t:?}.sock"));
+    let tcp = free_tcp_addr()?;
+    let server = ServerProcess {
+        args: vec![
+            "server".into(),
+            "--listen".into(),
+            tcp.to_string(),
+            "--uds".into(),
+            sock.display().to_string(),
+        ],
+    };
+    let baseline = Resources::now();
+    let tally = Arc::new(Tally::default());
+    let (kills, report) = match t {
+        SoakTransport::Uds => {
+            drive(
+                UdsTransport::default(),
+                UdsAddr(sock.clone()),
+                &server,
+                a,
+                &tally,
+            )
+            .await?
+        }
+        SoakTransport::Tcp => drive(TcpTransport::default(), tcp, &server, a, &tally).await?,
+    };
+    // The clients and their connections are gone; their tasks end within a bound.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut after = Resources::now();
+    while after.leaked(&baseline) != (0, 0) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        after = Resources::now();
+    }
+    let (fds, tasks) = after.leaked(&baseline);
+    let get = |c: &AtomicU64| c.load(Ordering::SeqCst);
+    let (calls, answered, failed) = (get(&tally.calls), get(&tally.answered), get(&tally.failed));
+    let (lost, misdelivered) = (get(&tally.lost), get(&tally.misdelivered));
+    let ended_once = answered + failed + lost == calls;
+    let restarted_ok = kills == 0 || get(&tally.answered_after_restart) > 0;
+    let ok = lost == 0 && misdelivered == 0 && fds == 0 && tasks == 0 && ended_once && restarted_ok;
+    let line = format!(
+        "soak {:<4} {calls} calls in {} s by {} clients: {answered} answered, {failed} failed \
+         with a typed error; {kills} server kills (SIGKILL), {} connects; lost {lost}, \
+         misdelivered {misdelivered}, leaked {fds} fds and {tasks} tasks (RSS {:+} MiB){}{}",
+        format!("{t:?}").to_lowercase(),
+        a.seconds,
+        a.clients,
+        get(&tally.connects),
+        (after.rss_kib as i64 - baseline.rss_kib as i64) / 1024,
+        if report.is_empty() {
+            String::new()
+        } else {
+            format!("; {report}")
+        },
+        if ok { "" } else { " FAILED" },
+    );
+    Ok((line, ok))
+}
+
+/// Runs the clients against the server process for `a.seconds`, killing and restarting it;
+/// returns the number of kills and a note (empty when nothing is worth saying).
+async fn drive<T>(
+    transport: T,
+    addr: T::Addr,
+    server: &ServerProcess,
+    a: &SoakArgs,
+    tally: &Arc<Tally>,
+) -> Result<(u64, String), String>
+where
+    T: Transport + Clone + Send + Sync + 'static,
+    T::Addr: Clone + Send + Sync + 'static,
+{
+    let mut child = server.start()?;
+    wait_listening(&transport, &addr).await?;
+    let end = Instant::now() + Duration::from_secs(a.seconds);
+    let generation = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = tokio::task::JoinSet::new();
+    for c in 0..a.clients {
+        let (transport, addr, tally) = (transport.clone(), addr.clone(), tally.clone());
+        let (generation, stop) = (generation.clone(), stop.clone());
+        clients.spawn(client(c, transport, addr, tally, generation, stop));
+    }
+    let mut kills = 0u64;
+    let mut note = String::new();
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(a.kill_every_ms).min(end - Instant::now())).await;
+        if Instant::now() >= end {
+            break;
+        }
+        kill(&mut child)?;
+        kills += 1;
+        child = server.start()?;
+        if let Err(e) = wait_listening(&transport, &addr).await {
+            note = e;
+            break;
+        }
+        generation.fetch_add(1, Ordering::SeqCst);
+    }
+    stop.store(true, Ordering::SeqCst);
+    let joined = tokio::time::timeout(CALL_BOUND + Duration::from_secs(10), async {
+        while let Some(r) = clients.join_next().await {
+            if let Err(e) = r {
+                return Err(format!("a client task failed: {e}"));
+            }
+        }
+        Ok(())
+    })
+    .await;
+    kill(&mut child)?;
+    match joined {
+        Ok(r) => r?,
+        Err(_) => return Err("the clients did not stop in time".into()),
+    }
+    Ok((kills, note))
+}
+
+/// One client: calls until `stop`, reconnecting after failures.
+async fn client<T: Transport>(
+    id: u64,
+    transport: T,
+    addr: T::Addr,
+    tally: Arc<Tally>,
+    generation: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut n = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let Some(rpc) = connect(&transport, &addr).await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        tally.connects.fetch_add(1, Ordering::Relaxed);
+        let born = generation.load(Ordering::SeqCst);
+        while !stop.load(Ordering::SeqCst) {
+            n += 1;
+            let call_id = (id << 40) | n;
+            let size = SIZES[(n % SIZES.len() as u64) as usize];
+            let payload = named_payload(call_id, size);
+            tally.calls.fetch_add(1, Ordering::SeqCst);
+            match tokio::time::timeout(CALL_BOUND, rpc.call(proto::method::ECHO, payload.clone()))
+                .await
+            {
+                Err(_) => {
+                    tally.lost.fetch_add(1, Ordering::SeqCst);
+                    break;
+                }
+                Ok(Ok(reply)) => {
+                    if reply == payload {
+                        tally.answered.fetch_add(1, Ordering::SeqCst);
+                        if born > 0 {
+                            tally.answered_after_restart.fetch_add(1, Ordering::Relaxed);
+                        }
+                    } else {
+                        // Still an end of this call, but with the wrong bytes.
+                        tally.answered.fetch_add(1, Ordering::SeqCst);
+                        tally.misdelivered.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                Ok(Err(_)) => {
+                    tally.failed.fetch_add(1, Ordering::SeqCst);
+                    break;
+                }
+            }
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), rpc.close()).await;
+    }
+}
+
+/// An RPC client on a new bench connection (`None`: the server is not there now).
+async fn connect<T: Transport>(
+    transport: &T,
+    addr: &T::Addr,
+) -> Option<RpcClient<<T::Connection as Connection>::Sender>> {
+    let conn = tokio::time::timeout(Duration::from_secs(5), transport.connect(addr))
+        .await
+        .ok()?
+        .ok()?;
+    let (caps, metrics, peer) = (conn.capabilities(), conn.metrics(), conn.peer());
+    let (mut tx, rx) = conn.split();
+    let mode = Message::new(
+        HeaderBytes::new(proto::MODE_RPC).expect("short"),
+        Bytes::new(),
+    );
+    tx.send(mode).await.ok()?;
+    let conn = Presplit::new(tx, rx, caps, metrics, peer);
+    Some(RpcClient::new(
+        conn,
+        ClientConfig::default().with_default_deadline(None),
+    ))
+}
+
+/// `size` (at least 8) bytes that name the call: its id, then a pattern seeded by it
+/// (xorshift), so that a reply with another call's bytes, or bytes of two calls, differs.
+fn named_payload(call_id: u64, size: usize) -> Bytes {
+    let mut v = Vec::with_capacity(size.max(8));
+    v.extend_from_slice(&call_id.to_le_bytes());
+    let mut x = call_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    while v.len() < size {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes()[..(size - v.len()).min(8)]);
+    }
+    Bytes::from(v)
+}
+
+/// Waits until `addr` accepts a connection (a new server process is listening).
+async fn wait_listening<T: Transport>(transport: &T, addr: &T::Addr) -> Result<(), String> {
+    let deadline = Instant::now() + RESTART_BOUND;
+    loop {
+        if let Ok(Ok(c)) =
+            tokio::time::timeout(Duration::from_secs(1), transport.connect(addr)).await
+        {
+            drop(c);
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "the server did not listen again within {RESTART_BOUND:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn kill(child: &mut Child) -> Result<(), String> {
+    // `Child::kill` sends SIGKILL: the server dies mid-call, mid-frame, without closing.
+    let _ = child.kill();
+    child
+        .wait()
+        .map_err(|e| format!("waiting for the killed server: {e}"))?;
+    Ok(())
+}
+
+/// The `bench server` process the soak kills and starts again.
+struct ServerProcess {
+    args: Vec<String>,
+}
+
+impl ServerProcess {
+    fn start(&self) -> Result<Child, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("this executable: {e}"))?;
+        Command::new(exe)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting bench server: {e}"))
+    }
+}
+
+/// A free loopback TCP address (bound and released: the server binds it next).
+fn free_tcp_addr() -> Result<std::net::SocketAddr, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
+    l.local_addr().map_err(|e| format!("local addr: {e}"))
+}
+
+/// What the process holds: descriptors, runtime tasks, resident memory.
+struct Resources {
+    fds: usize,
+    tasks: usize,
+    rss_kib: u64,
+}
+
+impl Resources {
+    fn now() -> Resources {
+        let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+        let tasks = tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks();
+        let rss_kib = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                let l = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+                l.split_whitespace().nth(1)?.parse().ok()
+            })
+            .unwrap_or(0);
+        Resources {
+            fds,
+            tasks,
+            rss_kib,
+        }
+    }
+
+    /// Descriptors and tasks held beyond `base`.
+    fn leaked(&self, base: &Resources) -> (usize, usize) {
+        (
+            self.fds.saturating_sub(base.fds),
+            self.tasks.saturating_sub(base.tasks),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A payload has the size asked (at least its 8-byte id), starts with its call's id, and
+    /// differs from every other call's of the same size.
+    #[test]
+    fn named_payloads_carry_their_call_and_differ() {
+        for size in [0, 7, 8, 9, 64, 1000] {
+            let a = named_payload(1, size);
+            assert_eq!(a.len(), size.max(8));
+            assert_eq!(&a[..8], &1u64.to_le_bytes());
+            assert_ne!(a, named_payload(2, size));
+        }
+        // Not a prefix of another call's: the pattern depends on the id.
+        let (a, b) = (named_payload(5, 64), named_payload(6, 64));
+        assert_ne!(&a[8..], &b[8..]);
+    }
+
+    /// Leaks are what the process holds beyond its baseline, never negative.
+    #[test]
+    fn leaks_count_only_what_grew() {
+        let base = Resources {
+            fds: 10,
+            tasks: 3,
+            rss_kib: 0,
+        };
+        let more = Resources {
+            fds: 12,
+            tasks: 3,
+            rss_kib: 0,
+        };
+        let fewer = Resources {
+            fds: 9,
+            tasks: 1,
+            rss_kib: 0,
+        };
+        assert_eq!(more.leaked(&base), (2, 0));
+        assert_eq!(fewer.leaked(&base), (0, 0));
+    }
+}
