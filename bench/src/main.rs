@@ -335,9 +335,14 @@ struct ServerArgs {
     #[arg(long)]
     uds: Option<PathBuf>,
     /// Also serve over RDMA verbs (rdma_cm) on the same IP and port (rdma_cm needs the IP of
-    /// an RDMA device, not loopback: pass --listen).
+    /// an RDMA device, not loopback: pass --listen), or at --verbs-listen.
     #[arg(long)]
     verbs: bool,
+    /// Where verbs listens (with --verbs; default: --listen's address). An iWARP device
+    /// (siw, Chelsio, irdma in iWARP mode) runs RDMA over TCP and cannot share a port with
+    /// the TCP listener: give it another port. The link figures listen one port up.
+    #[arg(long)]
+    verbs_listen: Option<SocketAddr>,
     /// Before the server's runtime sleeps, poll its waiting sockets for up to this many µs
     /// (0: never).
     #[arg(long, default_value_t = 0)]
@@ -961,19 +966,23 @@ fn server(a: &ServerArgs) -> Result<(), String> {
             None => None,
         };
         let verbs = if a.verbs {
+            let at = a.verbs_listen.unwrap_or(a.listen);
             let v = VerbsTransport::new(sys::verbs_config()).map_err(|e| e.to_string())?;
-            let l = v.listen(&a.listen).await.map_err(|e| {
-                let hint = if a.listen.ip().is_loopback() {
+            let l = v.listen(&at).await.map_err(|e| {
+                let hint = if at.ip().is_loopback() {
                     " (pass --listen with the RDMA device's IP, e.g. --listen 10.0.0.5:5201: \
                      verbs listeners are reachable from other hosts, and so is --listen's TCP port)"
+                } else if at == a.listen {
+                    " (on an iWARP device RDMA runs over TCP and cannot share the TCP \
+                     listener's port: pass --verbs-listen with another port)"
                 } else {
                     ""
                 };
-                format!("verbs listen on {}: {e}{hint}", a.listen)
+                format!("verbs listen on {at}: {e}{hint}")
             })?;
-            eprintln!("bench server: verbs {}", a.listen);
+            eprintln!("bench server: verbs {at}");
             // The link figures (`os` columns of verbs) one port up.
-            let at = link::link_addr(a.listen);
+            let at = link::link_addr(at);
             let link = link::Server::start(&v, at, a.core)?;
             eprintln!(
                 "bench server: verbs link figures (busy-polled, one client at a time) {}",

@@ -39,9 +39,12 @@ const SIZES: [usize; 3] = [64, 64 << 10, 1 << 20];
 /// `bench soak`'s arguments.
 #[derive(Args, Debug)]
 pub struct SoakArgs {
-    /// Transports to soak, in turn (uds, tcp).
+    /// Transports to soak, in turn (uds, tcp, verbs; verbs needs --verbs-addr).
     #[arg(long, value_delimiter = ',', default_value = "uds,tcp")]
     pub transports: Vec<SoakTransport>,
+    /// For verbs: the address the server listens on (an RDMA device's IP and a free port).
+    #[arg(long)]
+    pub verbs_addr: Option<std::net::SocketAddr>,
     /// Seconds of calls per transport.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub seconds: u64,
@@ -60,6 +63,8 @@ pub enum SoakTransport {
     Uds,
     /// TCP on loopback.
     Tcp,
+    /// RDMA verbs (rdma_cm), at `--verbs-addr`.
+    Verbs,
 }
 
 /// What one transport's soak counted.
@@ -108,29 +113,40 @@ async fn soak_one(
 ) -> Result<(String, bool), String> {
     let sock = dir.join(format!("{t:?}.sock"));
     let tcp = free_tcp_addr()?;
-    let server = ServerProcess {
-        args: vec![
-            "server".into(),
-            "--listen".into(),
-            tcp.to_string(),
-            "--uds".into(),
-            sock.display().to_string(),
-        ],
-    };
-    let baseline = Resources::now();
-    let tally = Arc::new(Tally::default());
-    let (kills, report) = match t {
-        SoakTransport::Uds => {
-            drive(
-                UdsTransport::default(),
-                UdsAddr(sock.clone()),
-                &server,
-                a,
-                &tally,
-            )
-            .await?
+    let mut args = vec!["server".into(), "--listen".into(), tcp.to_string()];
+    let verbs_at = match t {
+        SoakTransport::Verbs => {
+            let at = a
+                .verbs_addr
+                .ok_or("--transports verbs needs --verbs-addr (an RDMA device's IP:PORT)")?;
+            // Its own port: on iWARP the TCP listener's would collide with rdma_cm's.
+            args.extend(["--verbs".into(), "--verbs-listen".into(), at.to_string()]);
+            at
         }
-        SoakTransport::Tcp => drive(TcpTransport::default(), tcp, &server, a, &tally).await?,
+        SoakTransport::Uds => {
+            args.extend(["--uds".into(), sock.display().to_string()]);
+            tcp
+        }
+        SoakTransport::Tcp => tcp,
+    };
+    let server = ServerProcess { args };
+    // The verbs transport (its device, pool, event threads) lives for the process, as an
+    // application's would: the baseline is taken after its first connection.
+    let verbs = match t {
+        SoakTransport::Verbs => Some(
+            transport_verbs::VerbsTransport::new(transport_verbs::VerbsConfig::default())
+                .map_err(|e| format!("verbs: {e}"))?,
+        ),
+        _ => None,
+    };
+    let tally = Arc::new(Tally::default());
+    let (kills, report, baseline) = match (t, verbs) {
+        (SoakTransport::Uds, _) => {
+            let addr = UdsAddr(sock.clone());
+            drive(UdsTransport::default(), addr, &server, a, &tally).await?
+        }
+        (SoakTransport::Verbs, Some(v)) => drive(v, verbs_at, &server, a, &tally).await?,
+        _ => drive(TcpTransport::default(), tcp, &server, a, &tally).await?,
     };
     // The clients and their connections are gone; their tasks end within a bound.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -166,20 +182,23 @@ async fn soak_one(
 }
 
 /// Runs the clients against the server process for `a.seconds`, killing and restarting it;
-/// returns the number of kills and a note (empty when nothing is worth saying).
+/// returns the number of kills, a note (empty when nothing is worth saying) and what the
+/// process held before the clients started.
 async fn drive<T>(
     transport: T,
     addr: T::Addr,
     server: &ServerProcess,
     a: &SoakArgs,
     tally: &Arc<Tally>,
-) -> Result<(u64, String), String>
+) -> Result<(u64, String, Resources), String>
 where
     T: Transport + Clone + Send + Sync + 'static,
     T::Addr: Clone + Send + Sync + 'static,
 {
     let mut child = server.start()?;
     wait_listening(&transport, &addr).await?;
+    // What the process holds with the transport set up and no client yet.
+    let baseline = Resources::now();
     let end = Instant::now() + Duration::from_secs(a.seconds);
     let generation = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -220,7 +239,7 @@ where
         Ok(r) => r?,
         Err(_) => return Err("the clients did not stop in time".into()),
     }
-    Ok((kills, note))
+    Ok((kills, note, baseline))
 }
 
 /// One client: calls until `stop`, reconnecting after failures.

@@ -908,8 +908,18 @@ fn run_target(
             target.dev
         ),
     );
+    // Faults over time on verbs: the server process SIGKILLed and restarted under 4 clients
+    // (`bench soak`); fails on a lost, misdelivered or leaked call.
+    s.step(
+        "bench:verbs-soak",
+        TEST_TIMEOUT,
+        &format!(
+            "{guest_bench} soak --transports verbs --verbs-addr \"$TB_IP_ADDR:7471\" \
+             --seconds 10 --clients 4"
+        ),
+    );
     let n = u32::try_from(tests.len()).unwrap_or(u32::MAX);
-    secs += TEST_TIMEOUT.saturating_mul(n.saturating_add(1));
+    secs += TEST_TIMEOUT.saturating_mul(n.saturating_add(2));
     share.write("run.sh", &s.finish())?;
     let log = Log::create(&bed.cache.join("logs"), &format!("verbs-{}", target.tag))?;
     log.line(&format!("testbed: verbs suite against {}", target.label()));
