@@ -190,6 +190,9 @@ enum Command {
     /// started again: every call accounted for (answered, failed with a typed error, lost,
     /// misdelivered) and the client process's descriptors and tasks back to their baseline.
     Soak(soak::SoakArgs),
+    /// `bench soak`'s child of clients: calls until it is killed.
+    #[command(hide = true)]
+    SoakClient(soak::SoakClientArgs),
     /// Check the environment and say what to fix.
     Doctor {
         /// Print the findings as JSON.
@@ -492,6 +495,7 @@ fn main() -> ExitCode {
         Some(Command::Doctor { json }) => doctor::run(json),
         Some(Command::Count(a)) => count::run(&a),
         Some(Command::Soak(a)) => soak::run(&a),
+        Some(Command::SoakClient(a)) => soak::client_process(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

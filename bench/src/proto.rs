@@ -69,6 +69,11 @@ impl ServerCounters {
         total
     }
 
+    /// Connections being served now.
+    pub fn live(&self) -> usize {
+        self.state().live.len()
+    }
+
     /// Counts `metrics` as a live connection until the returned guard is dropped.
     fn register(self: &Arc<Self>, metrics: Arc<Metrics>) -> Counted {
         self.state().live.push(metrics.clone());

@@ -51,9 +51,37 @@ pub struct SoakArgs {
     /// Clients calling at once.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub clients: u64,
-    /// The server is killed (SIGKILL) after running this long, then started again.
+    /// The victim is killed (SIGKILL) after running this long, then started again.
     #[arg(long, default_value_t = 700, value_parser = clap::value_parser!(u64).range(10..))]
     pub kill_every_ms: u64,
+    /// Which process is killed, in turn: the server (the clients here account for every
+    /// call), the clients (a child process of clients; the server here must give back every
+    /// connection, descriptor and task).
+    #[arg(long, value_delimiter = ',', default_value = "server,client")]
+    pub kill: Vec<Victim>,
+}
+
+/// The process `bench soak` kills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Victim {
+    /// A `bench server` child; the clients run in the soak's process.
+    Server,
+    /// A child process of clients (`bench soak-client`); the server runs in the soak's process.
+    Client,
+}
+
+/// The hidden `bench soak-client`: clients calling until the process is killed.
+#[derive(Args, Debug)]
+pub struct SoakClientArgs {
+    /// The transport.
+    #[arg(long, value_enum)]
+    pub transport: SoakTransport,
+    /// The server's address: a socket path (uds) or IP:PORT.
+    #[arg(long)]
+    pub addr: String,
+    /// Clients calling at once.
+    #[arg(long, default_value_t = 4)]
+    pub clients: u64,
 }
 
 /// A transport `bench soak` covers.
@@ -80,21 +108,31 @@ struct Tally {
     connects: AtomicU64,
 }
 
-/// Runs the soak on each transport; fails if any of them lost, misdelivered or leaked.
-pub fn run(a: &SoakArgs) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
+/// The soak's runtime (and its child's): two workers, as the machines CI runs on.
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| format!("runtime: {e}"))?;
+        .map_err(|e| format!("runtime: {e}"))
+}
+
+/// Runs the soak on each transport; fails if any of them lost, misdelivered or leaked.
+pub fn run(a: &SoakArgs) -> Result<(), String> {
+    let rt = runtime()?;
     let dir = std::env::temp_dir().join(format!("bench-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut bad = Vec::new();
     for &t in &a.transports {
-        let line = rt.block_on(soak_one(t, a, &dir))?;
-        println!("{}", line.0);
-        if !line.1 {
-            bad.push(format!("{t:?}").to_lowercase());
+        for &victim in &a.kill {
+            let line = match victim {
+                Victim::Server => rt.block_on(soak_one(t, a, &dir))?,
+                Victim::Client => rt.block_on(clients_killed(t, a, &dir))?,
+            };
+            println!("{}", line.0);
+            if !line.1 {
+                bad.push(format!("{t:?} ({victim:?} killed)").to_lowercase());
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -129,7 +167,7 @@ async fn soak_one(
         }
         SoakTransport::Tcp => tcp,
     };
-    let server = ServerProcess { args };
+    let server = Restartable { args };
     // The verbs transport (its device, pool, event threads) lives for the process, as an
     // application's would: the baseline is taken after its first connection.
     let verbs = match t {
@@ -187,7 +225,7 @@ async fn soak_one(
 async fn drive<T>(
     transport: T,
     addr: T::Addr,
-    server: &ServerProcess,
+    server: &Restartable,
     a: &SoakArgs,
     tally: &Arc<Tally>,
 ) -> Result<(u64, String, Resources), String>
@@ -252,11 +290,16 @@ async fn client<T: Transport>(
     stop: Arc<AtomicBool>,
 ) {
     let mut n = 0u64;
+    // Failed connects back off (10 ms doubling to 500 ms): a dead server is not stormed, and
+    // under emulation the storm would slow its restart.
+    let mut backoff = Duration::from_millis(10);
     while !stop.load(Ordering::SeqCst) {
         let Some(rpc) = connect(&transport, &addr).await else {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
             continue;
         };
+        backoff = Duration::from_millis(10);
         tally.connects.fetch_add(1, Ordering::Relaxed);
         let born = generation.load(Ordering::SeqCst);
         while !stop.load(Ordering::SeqCst) {
@@ -292,6 +335,156 @@ async fn client<T: Transport>(
         }
         let _ = tokio::time::timeout(Duration::from_secs(5), rpc.close()).await;
     }
+}
+
+/// The server here, a child process of clients killed every `kill_every_ms` and started
+/// again: afterwards the server must hold no connection, and the process no more descriptors
+/// or tasks than before the first child.
+async fn clients_killed(
+    t: SoakTransport,
+    a: &SoakArgs,
+    dir: &std::path::Path,
+) -> Result<(String, bool), String> {
+    let counters = Arc::new(proto::ServerCounters::default());
+    let sock = dir.join(format!("{t:?}-clients.sock"));
+    let (addr, served) = match t {
+        SoakTransport::Uds => {
+            let l = UdsTransport::default()
+                .listen(&UdsAddr(sock.clone()))
+                .await
+                .map_err(|e| format!("listen on {}: {e}", sock.display()))?;
+            let c = counters.clone();
+            let task = tokio::spawn(async move { proto::serve(l, c).await });
+            (sock.display().to_string(), task)
+        }
+        SoakTransport::Tcp => {
+            let l = TcpTransport::default()
+                .listen(&"127.0.0.1:0".parse().expect("an address"))
+                .await
+                .map_err(|e| format!("tcp listen: {e}"))?;
+            let at = transport_core::Listener::local_addr(&l).map_err(|e| e.to_string())?;
+            let c = counters.clone();
+            let task = tokio::spawn(async move { proto::serve(l, c).await });
+            (at.to_string(), task)
+        }
+        SoakTransport::Verbs => {
+            let mut at = a
+                .verbs_addr
+                .ok_or("--transports verbs needs --verbs-addr (an RDMA device's IP:PORT)")?;
+            // Not the port the killed servers of the other mode used.
+            at.set_port(at.port().wrapping_add(2));
+            let v = transport_verbs::VerbsTransport::new(transport_verbs::VerbsConfig::default())
+                .map_err(|e| format!("verbs: {e}"))?;
+            let l = v
+                .listen(&at)
+                .await
+                .map_err(|e| format!("verbs listen on {at}: {e}"))?;
+            let c = counters.clone();
+            let task = tokio::spawn(async move { proto::serve(l, c).await });
+            (at.to_string(), task)
+        }
+    };
+    let name = format!("{t:?}").to_lowercase();
+    let child_args = [
+        "soak-client".to_string(),
+        "--transport".into(),
+        name.clone(),
+        "--addr".into(),
+        addr,
+        "--clients".into(),
+        a.clients.min(64).to_string(),
+    ];
+    let children = Restartable {
+        args: child_args.to_vec(),
+    };
+    // The listener and its task are set up: that is the baseline.
+    let baseline = Resources::now();
+    let end = Instant::now() + Duration::from_secs(a.seconds);
+    let mut kills = 0u64;
+    while Instant::now() < end {
+        let mut child = children.start()?;
+        tokio::time::sleep(Duration::from_millis(a.kill_every_ms).min(end - Instant::now())).await;
+        kill(&mut child)?;
+        kills += 1;
+    }
+    let served_messages = counters.totals().messages_received;
+    // Every connection of a killed child ends (a reset stream, a disconnect, a keepalive at
+    // worst on TCP within the bound of an idle peer: none here, the kernel closes them).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while counters.live() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let open = counters.live();
+    let mut after = Resources::now();
+    while after.leaked(&baseline) != (0, 0) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        after = Resources::now();
+    }
+    let (fds, tasks) = after.leaked(&baseline);
+    served.abort();
+    let ok = open == 0 && fds == 0 && tasks == 0 && served_messages > 0;
+    let line = format!(
+        "soak {name:<4} {kills} client processes killed (SIGKILL) in {} s, {served_messages} \
+         messages served; left open {open} connections, leaked {fds} fds and {tasks} tasks \
+         (RSS {:+} MiB){}",
+        a.seconds,
+        (after.rss_kib as i64 - baseline.rss_kib as i64) / 1024,
+        if ok { "" } else { " FAILED" },
+    );
+    Ok((line, ok))
+}
+
+/// `bench soak-client`: clients call until the process is killed (the soak kills it).
+pub fn client_process(a: &SoakClientArgs) -> Result<(), String> {
+    let rt = runtime()?;
+    rt.block_on(async {
+        let tally = Arc::new(Tally::default());
+        let (generation, stop) = (
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let verbs = match a.transport {
+            SoakTransport::Verbs => Some(
+                transport_verbs::VerbsTransport::new(transport_verbs::VerbsConfig::default())
+                    .map_err(|e| format!("verbs: {e}"))?,
+            ),
+            _ => None,
+        };
+        let mut clients = tokio::task::JoinSet::new();
+        for c in 0..a.clients {
+            let (tally, generation, stop) = (tally.clone(), generation.clone(), stop.clone());
+            match (a.transport, &verbs) {
+                (SoakTransport::Uds, _) => {
+                    let addr = UdsAddr(a.addr.clone().into());
+                    clients.spawn(client(
+                        c,
+                        UdsTransport::default(),
+                        addr,
+                        tally,
+                        generation,
+                        stop,
+                    ));
+                }
+                (SoakTransport::Verbs, Some(v)) => {
+                    let addr = a.addr.parse().map_err(|e| format!("{}: {e}", a.addr))?;
+                    clients.spawn(client(c, v.clone(), addr, tally, generation, stop));
+                }
+                _ => {
+                    let addr = a.addr.parse().map_err(|e| format!("{}: {e}", a.addr))?;
+                    clients.spawn(client(
+                        c,
+                        TcpTransport::default(),
+                        addr,
+                        tally,
+                        generation,
+                        stop,
+                    ));
+                }
+            }
+        }
+        while clients.join_next().await.is_some() {}
+        Ok(())
+    })
 }
 
 /// An RPC client on a new bench connection (`None`: the server is not there now).
@@ -360,12 +553,13 @@ fn kill(child: &mut Child) -> Result<(), String> {
     Ok(())
 }
 
-/// The `bench server` process the soak kills and starts again.
-struct ServerProcess {
+/// A child process of this executable (`bench server`, `bench soak-client`) the soak kills
+/// and starts again.
+struct Restartable {
     args: Vec<String>,
 }
 
-impl ServerProcess {
+impl Restartable {
     fn start(&self) -> Result<Child, String> {
         let exe = std::env::current_exe().map_err(|e| format!("this executable: {e}"))?;
         Command::new(exe)

@@ -98,8 +98,9 @@ fn run_tests(args: &[String]) -> Result<(), String> {
         TEST_TIME_LIMIT,
     )?;
     util::run_with_timeout("cargo", &["test", "--workspace", "--doc"], TEST_TIME_LIMIT)?;
-    // Faults over time: the server process killed (SIGKILL) every 0.7 s under 8 clients for
-    // 10 s per socket transport; fails on a lost, misdelivered or leaked call.
+    // Faults over time: the server process, then a process of clients, killed (SIGKILL) every
+    // 0.7 s for 10 s each on both socket transports; fails on a lost, misdelivered or leaked
+    // call, or a connection the server kept.
     util::run_with_timeout(
         "cargo",
         &["run", "-q", "-p", "bench", "--", "soak", "--seconds", "10"],

@@ -908,14 +908,16 @@ fn run_target(
             target.dev
         ),
     );
-    // Faults over time on verbs: the server process SIGKILLed and restarted under 4 clients
-    // (`bench soak`); fails on a lost, misdelivered or leaked call.
+    // Faults over time on verbs (`bench soak`): the server process SIGKILLed and restarted
+    // under 4 clients, then the clients' process; fails on a lost, misdelivered or leaked
+    // call, or a connection, descriptor or task the server kept. Every 1.5 s: a debug
+    // build under emulation takes a while to listen again.
     s.step(
         "bench:verbs-soak",
         TEST_TIMEOUT,
         &format!(
             "{guest_bench} soak --transports verbs --verbs-addr \"$TB_IP_ADDR:7471\" \
-             --seconds 10 --clients 4"
+             --seconds 10 --clients 4 --kill-every-ms 1500"
         ),
     );
     let n = u32::try_from(tests.len()).unwrap_or(u32::MAX);
