@@ -356,11 +356,7 @@ async fn client_thread<T: Transport>(
         (Layer::Raw, Op::Send | Op::Oneway) => proto::MODE_SINK,
         (Layer::Raw, Op::Recv) => proto::MODE_SOURCE,
     };
-    tx.send(Message::new(
-        HeaderBytes::new(mode).expect("short"),
-        Bytes::new(),
-    ))
-    .await?;
+    proto::send_mode(&mut tx, mode).await?;
     let r = match job.layer {
         Layer::Raw => {
             raw_op(&mut tx, &mut rx, job, &payload, WARMUP).await?;

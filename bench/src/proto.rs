@@ -236,6 +236,27 @@ impl<S, R> Presplit<S, R> {
     }
 }
 
+/// Opens a bench connection in `mode` (one of the `MODE_*` headers): its first message.
+pub async fn send_mode<S: MessageSender>(tx: &mut S, mode: &[u8]) -> Result<(), TransportError> {
+    let mode = HeaderBytes::new(mode).expect("the modes are shorter than a header");
+    tx.send(Message::new(mode, Bytes::new())).await
+}
+
+/// An RPC client on a new bench connection: the RPC mode message, then the RPC layer on the
+/// rest of the connection.
+pub async fn rpc_client<C: Connection>(
+    conn: C,
+    config: transport_core::rpc::ClientConfig,
+) -> Result<transport_core::rpc::RpcClient<C::Sender>, TransportError> {
+    let (caps, metrics, peer) = (conn.capabilities(), conn.metrics(), conn.peer());
+    let (mut tx, rx) = conn.split();
+    send_mode(&mut tx, MODE_RPC).await?;
+    Ok(transport_core::rpc::RpcClient::new(
+        Presplit::new(tx, rx, caps, metrics, peer),
+        config,
+    ))
+}
+
 impl<S: MessageSender, R: MessageReceiver> Connection for Presplit<S, R> {
     type Sender = S;
     type Receiver = R;
@@ -416,7 +437,7 @@ mod tests {
     use super::*;
     use std::net::SocketAddr;
     use std::time::Duration;
-    use transport_core::rpc::{code, ClientConfig, RpcClient, RpcError};
+    use transport_core::rpc::{code, ClientConfig, RpcError};
     use transport_core::Transport;
     use transport_tcp::TcpTransport;
 
@@ -445,9 +466,7 @@ mod tests {
     ) -> (impl MessageSender, impl MessageReceiver) {
         let conn = TcpTransport::default().connect(&addr).await.unwrap();
         let (mut tx, rx) = conn.split();
-        tx.send(Message::new(HeaderBytes::new(mode).unwrap(), Bytes::new()))
-            .await
-            .unwrap();
+        send_mode(&mut tx, mode).await.unwrap();
         (tx, rx)
     }
 
@@ -608,20 +627,7 @@ mod tests {
     async fn rpc_recv_refuses_sizes_above_the_largest_payload() {
         let addr = server().await;
         let conn = TcpTransport::default().connect(&addr).await.unwrap();
-        let caps = conn.capabilities();
-        let metrics = conn.metrics();
-        let peer = conn.peer();
-        let (mut tx, rx) = conn.split();
-        tx.send(Message::new(
-            HeaderBytes::new(MODE_RPC).unwrap(),
-            Bytes::new(),
-        ))
-        .await
-        .unwrap();
-        let client = RpcClient::new(
-            Presplit::new(tx, rx, caps, metrics, peer),
-            ClientConfig::default(),
-        );
+        let client = rpc_client(conn, ClientConfig::default()).await.unwrap();
         let call = |n: u32| {
             let arg = Bytes::copy_from_slice(&n.to_le_bytes());
             tokio::time::timeout(BOUND, client.call(method::RECV, arg))

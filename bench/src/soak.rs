@@ -22,11 +22,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::Args;
 use transport_core::rpc::{ClientConfig, RpcClient};
-use transport_core::{Connection, HeaderBytes, Message, MessageSender, Transport};
+use transport_core::{Connection, Transport};
 use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
 
-use crate::proto::{self, Presplit};
+use crate::proto;
 
 /// A call that has not ended by then is lost (the RPC deadline is off: a call may only end
 /// by its reply or by its connection's failure).
@@ -126,7 +126,7 @@ pub fn run(a: &SoakArgs) -> Result<(), String> {
     for &t in &a.transports {
         for &victim in &a.kill {
             let line = match victim {
-                Victim::Server => rt.block_on(soak_one(t, a, &dir))?,
+                Victim::Server => rt.block_on(server_killed(t, a, &dir))?,
                 Victim::Client => rt.block_on(clients_killed(t, a, &dir))?,
             };
             println!("{}", line.0);
@@ -143,8 +143,9 @@ pub fn run(a: &SoakArgs) -> Result<(), String> {
     }
 }
 
-/// One transport: its report line and whether it passed.
-async fn soak_one(
+/// The clients here, a `bench server` child killed every `kill_every_ms` and started again:
+/// the transport's report line and whether it passed.
+async fn server_killed(
     t: SoakTransport,
     a: &SoakArgs,
     dir: &std::path::Path,
@@ -187,12 +188,7 @@ async fn soak_one(
         _ => drive(TcpTransport::default(), tcp, &server, a, &tally).await?,
     };
     // The clients and their connections are gone; their tasks end within a bound.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut after = Resources::now();
-    while after.leaked(&baseline) != (0, 0) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        after = Resources::now();
-    }
+    let after = Resources::settled(&baseline, Instant::now() + Duration::from_secs(10)).await;
     let (fds, tasks) = after.leaked(&baseline);
     let get = |c: &AtomicU64| c.load(Ordering::SeqCst);
     let (calls, answered, failed) = (get(&tally.calls), get(&tally.answered), get(&tally.failed));
@@ -415,11 +411,7 @@ async fn clients_killed(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let open = counters.live();
-    let mut after = Resources::now();
-    while after.leaked(&baseline) != (0, 0) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        after = Resources::now();
-    }
+    let after = Resources::settled(&baseline, deadline).await;
     let (fds, tasks) = after.leaked(&baseline);
     served.abort();
     let ok = open == 0 && fds == 0 && tasks == 0 && served_messages > 0;
@@ -496,18 +488,8 @@ async fn connect<T: Transport>(
         .await
         .ok()?
         .ok()?;
-    let (caps, metrics, peer) = (conn.capabilities(), conn.metrics(), conn.peer());
-    let (mut tx, rx) = conn.split();
-    let mode = Message::new(
-        HeaderBytes::new(proto::MODE_RPC).expect("short"),
-        Bytes::new(),
-    );
-    tx.send(mode).await.ok()?;
-    let conn = Presplit::new(tx, rx, caps, metrics, peer);
-    Some(RpcClient::new(
-        conn,
-        ClientConfig::default().with_default_deadline(None),
-    ))
+    let config = ClientConfig::default().with_default_deadline(None);
+    proto::rpc_client(conn, config).await.ok()
 }
 
 /// `size` (at least 8) bytes that name the call: its id, then a pattern seeded by it
@@ -603,6 +585,16 @@ impl Resources {
             tasks,
             rss_kib,
         }
+    }
+
+    /// What the process holds once it holds no more than `base`, or at `deadline`.
+    async fn settled(base: &Resources, deadline: Instant) -> Resources {
+        let mut now = Resources::now();
+        while now.leaked(base) != (0, 0) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            now = Resources::now();
+        }
+        now
     }
 
     /// Descriptors and tasks held beyond `base`.

@@ -144,13 +144,18 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(180);
 /// usual 1024, 917 504 with 1 048 576. A socket connection holds one descriptor; without the
 /// limit, a flood of connections takes the last ones and accepts fail for everyone.
 pub fn default_max_connections() -> usize {
+    max_connections_for(soft_nofile())
+}
+
+/// This process's soft `RLIMIT_NOFILE` (`None`: `getrlimit` failed).
+fn soft_nofile() -> Option<libc::rlim_t> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: `getrlimit` only writes the limit into `lim`, a valid `rlimit`.
     let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0;
-    max_connections_for(ok.then_some(lim.rlim_cur))
+    ok.then_some(lim.rlim_cur)
 }
 
 /// [`default_max_connections`] for a soft descriptor limit (`None`: unknown, taken as 1024;
@@ -1092,17 +1097,9 @@ mod tests {
             max_connections_for(Some(libc::RLIM_INFINITY)),
             (1 << 30) - (1 << 27)
         );
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: `getrlimit` only writes into `lim`.
-        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        let soft = soft_nofile().expect("getrlimit");
         let config = ServerConfig::default();
-        assert_eq!(
-            config.max_connections,
-            max_connections_for(Some(lim.rlim_cur))
-        );
+        assert_eq!(config.max_connections, max_connections_for(Some(soft)));
         assert_eq!(config.idle_timeout, Some(DEFAULT_IDLE_TIMEOUT));
     }
 
