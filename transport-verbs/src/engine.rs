@@ -1128,13 +1128,13 @@ impl<P> Engine<P> {
 
     /// Bytes this side holds because of the peer: allocated rendezvous targets not yet
     /// delivered, and ready messages waiting in order.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn held_bytes(&self) -> u64 {
         self.target_bytes + self.inbound_bytes
     }
 
     /// Incoming transfers outstanding and outgoing payloads exposed.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn rendezvous_counts(&self) -> (u32, usize) {
         (self.xfers.len() as u32, self.rndv_out.len())
     }
@@ -1146,5 +1146,7 @@ impl<P> Engine<P> {
     }
 }
 
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) mod hostile;
 #[cfg(test)]
 mod tests;

@@ -302,6 +302,12 @@ mod conn;
 mod cq_pump;
 mod domain;
 mod engine;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+/// The engine driven by a hostile peer, for the fuzz targets (feature `fuzzing`; not API).
+pub mod fuzz {
+    pub use crate::engine::hostile::{run, HostileMsg, Step};
+}
 pub mod link;
 mod pool;
 mod proto;

@@ -4,17 +4,19 @@
 //! cargo xtask bench [ARGS]   install what the build needs, then run the `bench` comparison
 //! cargo xtask bench --record the fixed comparison recorded as docs/results/ and the README's block
 //! cargo xtask test           install what is needed, then run every check and test suite
-//!                            (fmt, clippy, workspace tests, the verbs suite in the soft-RoCE guest,
+//!                            (fmt, clippy, workspace tests, the soak, the fuzz targets, the verbs suite in the soft-RoCE guest,
 //!                            the instruction counts as a smoke)
 //! cargo xtask deps           only install / check the system packages
 //! cargo xtask profile         instructions per message (callgrind): link or OS, raw and RPC, client and
 //!                            server, on uds and tcp here and verbs in the soft-RoCE guest
+//! cargo xtask fuzz           the libFuzzer targets in fuzz/, 60 s each, on the stable toolchain
 //! cargo xtask docs           check the docs: links resolve, README and reference pages within size
 //! cargo xtask testbed ...    the soft-RoCE QEMU test bed (see `cargo xtask testbed --help`)
 //! ```
 
 mod deps;
 mod docs;
+mod fuzz;
 mod profile;
 mod record;
 mod testbed;
@@ -35,6 +37,7 @@ fn main() -> ExitCode {
         "bench" => run_bench(rest),
         "testbed" => testbed::main(rest),
         "profile" => profile::run(rest),
+        "fuzz" => fuzz::run(rest),
         "help" | "-h" | "--help" => {
             print_help();
             Ok(())
@@ -58,9 +61,12 @@ fn print_help() {
          commands:\n  \
          bench [ARGS]   install build dependencies, then `cargo run --release -p bench -- ARGS`; without\n                 an RDMA device, then the verbs rows in the soft-RoCE guest (--no-guest: not)\n  \
          bench --record the fixed comparison, recorded as docs/results/ (page, JSON, plot) and the\n                 README's results block\n  \
-         test           install dependencies, then fmt + clippy + workspace tests + `bench soak` (uds, tcp) +\n                 verbs suite in the soft-RoCE guest + `profile --smoke --ops ping`\n  \
+         test           install dependencies, then fmt + clippy + workspace tests + `bench soak` (uds, tcp) +\n                 the fuzz targets (60 s each) + verbs suite in the soft-RoCE guest + `profile --smoke --ops ping`\n  \
          deps           install (as root) or list (otherwise) the system packages the build needs\n  \
          profile        instructions per message (callgrind), client and server, uds/tcp here, verbs in\n                 the guest (`cargo xtask profile --help`)\n  \
+         fuzz           the libFuzzer targets in fuzz/ (frame decoder, RPC server, verbs engine), 60 s
+                 each (`cargo xtask fuzz --help`)
+  \
          docs           check the docs: links and anchors resolve, README <= 12 KiB, pages <= 20 KiB\n  \
          testbed ...    the soft-RoCE QEMU test bed (`cargo xtask testbed help`)"
     );
@@ -106,6 +112,10 @@ fn run_tests(args: &[String]) -> Result<(), String> {
         &["run", "-q", "-p", "bench", "--", "soak", "--seconds", "10"],
         std::time::Duration::from_secs(5 * 60),
     )?;
+    // The libFuzzer targets (frame decoder, RPC server, verbs engine), 60 s each from the
+    // seeds in fuzz/seeds; fails on a crash, a broken promise, a hang or a memory blow-up.
+    fuzz::check()?;
+    fuzz::run(&[])?;
     if skip_verbs {
         // Only for local iteration; CI never passes this flag (see .ci/run).
         eprintln!("xtask: --no-verbs given: the verbs suite did NOT run");

@@ -4,61 +4,10 @@
 //! panic, no overflow, held memory within the configured bounds).
 
 use super::*;
-use std::collections::BTreeMap;
 
-/// A receive buffer of the tests: just the bytes.
-struct Buf(Vec<u8>);
-
-impl RecvBuf for Buf {
-    fn bytes(&self) -> &[u8] {
-        &self.0
-    }
-    fn into_payload(self, range: Range<usize>) -> Bytes {
-        Bytes::from(self.0).slice(range)
-    }
-}
+use super::hostile::{bound, cfg, encode, hello, Buf, HostileMsg, Step as Hostile, BUF, DEPTH};
 
 type E = Engine<Bytes>;
-
-const DEPTH: u32 = 8;
-const BUF: usize = 4096;
-
-fn cfg() -> EngineConfig {
-    EngineConfig {
-        speaks_first: true,
-        recv_depth: DEPTH,
-        recv_buf_size: BUF,
-        max_message_size: 1 << 20,
-        zero_copy_recv_min: 1024,
-        rendezvous_chunk: 4096,
-        rendezvous_window: 2,
-        max_rendezvous_in: 4,
-        max_rendezvous_in_bytes: 64 << 10,
-        max_rendezvous_out: 4,
-        backlog_max: 32,
-        backlog_bytes: 256 << 10,
-        handshake_timeout: Duration::from_secs(10),
-        rendezvous_timeout: Duration::from_secs(30),
-        linger: Duration::from_secs(10),
-        read_depth: 4,
-    }
-}
-
-fn encode(th: Th, header: &[u8], payload: &[u8]) -> Buf {
-    let h = HeaderBytes::new(header).expect("header fits");
-    let mut out = vec![0u8; TH_LEN + h.len()];
-    let n = th.encode(&h, &mut out);
-    out.truncate(n);
-    out.extend_from_slice(payload);
-    Buf(out)
-}
-
-fn hello(credits: u16) -> Th {
-    Th {
-        credits,
-        ..Th::hello(DEPTH, BUF as u64, 4, 64, 4)
-    }
-}
 
 fn eager(payload: &[u8]) -> Buf {
     let mut th = Th::new(Kind::Eager);
@@ -980,21 +929,9 @@ fn both_sides_sending_bursts_at_once_deliver_everything() {
     assert_eq!(b.taken, a.sent, "everything A sent reached B, in order");
 }
 
-/// What the engine may hold because of a peer, at most: rendezvous targets (the announced
-/// budget, or one message of the maximum size), plus messages ready behind a transfer (at
-/// most the backlog budget plus what the peer's credits let through).
-fn bound(c: &EngineConfig) -> u64 {
-    let targets =
-        c.max_rendezvous_in_bytes.max(c.max_message_size as u64) + c.max_message_size as u64;
-    let ready = c.backlog_bytes
-        + c.max_message_size as u64
-        + (c.backlog_max as u64 + c.recv_depth as u64) * c.recv_buf_size as u64;
-    targets + ready
-}
-
 /// A message a hostile peer may send: any kind (or an unknown one), any numbers, biased toward
 /// values near the limits so that the checks themselves are exercised.
-fn hostile_msg() -> impl Strategy<Value = Vec<u8>> {
+fn hostile_msg() -> impl Strategy<Value = HostileMsg> {
     let num = prop_oneof![
         Just(0u64),
         Just(1u64),
@@ -1021,48 +958,35 @@ fn hostile_msg() -> impl Strategy<Value = Vec<u8>> {
         num,
         small.clone(),
         small,
-        0usize..70,
-        0usize..5000,
+        0u8..70,
+        0u16..5000,
         any::<bool>(),
     )
         .prop_map(
-            |(kind, credits, id, len, addr, rkey, aux, hlen, plen, honest_len)| {
-                let mut m = vec![0u8; TH_LEN];
-                m[0] = kind;
-                m[1] = hlen as u8;
-                m[2..4].copy_from_slice(&credits.to_le_bytes());
-                m[4..8].copy_from_slice(&id.to_le_bytes());
-                // Often the true payload length, so eager messages get past decoding.
-                let len = if honest_len { plen as u64 } else { len };
-                m[8..16].copy_from_slice(&len.to_le_bytes());
-                m[16..24].copy_from_slice(&addr.to_le_bytes());
-                m[24..28].copy_from_slice(&rkey.to_le_bytes());
-                m[28..32].copy_from_slice(&aux.to_le_bytes());
-                m.extend(std::iter::repeat_n(0xab, hlen.min(64)));
-                m.extend(std::iter::repeat_n(0xcd, plen));
-                m
+            |(kind, credits, id, len, addr, rkey, aux, hlen, plen, honest_len)| HostileMsg {
+                kind,
+                credits,
+                id,
+                len,
+                addr,
+                rkey,
+                aux,
+                hlen,
+                plen,
+                honest_len,
             },
         )
-}
-
-#[derive(Debug, Clone)]
-enum Hostile {
-    Msg(Vec<u8>),
-    Hello,
-    Pump,
-    ReadDone,
-    Take(usize),
-    Wait(u64),
 }
 
 fn hostile_step() -> impl Strategy<Value = Hostile> {
     prop_oneof![
         6 => hostile_msg().prop_map(Hostile::Msg),
+        1 => proptest::collection::vec(any::<u8>(), 0..80).prop_map(Hostile::Raw),
         1 => Just(Hostile::Hello),
         3 => Just(Hostile::Pump),
         3 => Just(Hostile::ReadDone),
-        1 => (0usize..10).prop_map(Hostile::Take),
-        1 => (0u64..40).prop_map(Hostile::Wait),
+        1 => (0u8..10).prop_map(Hostile::Take),
+        1 => (0u8..40).prop_map(Hostile::Wait),
     ]
 }
 
@@ -1072,95 +996,11 @@ proptest! {
     /// Arbitrary peer messages, READ completions, application reads and time: the engine
     /// never panics or overflows (debug arithmetic checks), never holds more than the bound,
     /// never emits a READ outside an announced range, and once it reports an error it stays
-    /// failed and posts nothing more.
+    /// failed and posts nothing more (the driver in `hostile.rs`, shared with the fuzz target).
     #[test]
     fn a_hostile_peer_cannot_break_the_engine(steps in proptest::collection::vec(hostile_step(), 1..200)) {
-        let c = cfg();
-        let start = Instant::now();
-        let mut now = start;
-        let mut e = E::new(c.clone(), Arc::new(Metrics::default()), now);
-        let mut failed = false;
-        // Announced ranges: rkey -> (addr, len) of every admitted RTS, to check READs.
-        let mut announced: Vec<(u32, u64, u64)> = Vec::new();
-        let mut reads: VecDeque<(u64, usize)> = VecDeque::new();
-        let mut targets: BTreeMap<u64, usize> = BTreeMap::new();
-        let mut app: VecDeque<u64> = VecDeque::new();
-        for s in steps {
-            let r = match s {
-                Hostile::Msg(m) => {
-                    if m.len() >= TH_LEN && m[0] == 3 {
-                        let mut b = [0u8; 8];
-                        b.copy_from_slice(&m[8..16]);
-                        let len = u64::from_le_bytes(b);
-                        b.copy_from_slice(&m[16..24]);
-                        let addr = u64::from_le_bytes(b);
-                        let rkey = u32::from_le_bytes([m[24], m[25], m[26], m[27]]);
-                        announced.push((rkey, addr, len));
-                    }
-                    e.on_recv(Buf(m)).map(|_| ())
-                }
-                Hostile::Hello => e.on_recv(encode(hello(DEPTH as u16 - 1), &[], &[])).map(|_| ()),
-                Hostile::Pump => {
-                    while let Some(w) = e.poll_work() {
-                        prop_assert!(!failed, "work after a failure");
-                        if let Work::Read(r) = w {
-                            if let Some(n) = r.alloc {
-                                targets.insert(r.tag, n);
-                            }
-                            let t = targets.get(&r.tag).copied();
-                            prop_assert!(t.is_some_and(|n| r.offset + r.len <= n), "READ inside its target");
-                            prop_assert!(
-                                announced.iter().any(|&(k, a, l)| k == r.rkey
-                                    && r.remote_addr >= a
-                                    && r.remote_addr + r.len as u64 <= a + l),
-                                "READ inside an announced range"
-                            );
-                            reads.push_back((r.tag, r.len));
-                        }
-                    }
-                    Ok(())
-                }
-                Hostile::ReadDone => {
-                    if let Some((tag, len)) = reads.pop_front() {
-                        e.on_read_done(tag, len);
-                    }
-                    Ok(())
-                }
-                Hostile::Take(n) => {
-                    for _ in 0..n { app.pop_front(); }
-                    e.set_backlog(app.len(), app.iter().sum());
-                    Ok(())
-                }
-                Hostile::Wait(secs) => {
-                    now += Duration::from_secs(secs);
-                    e.handle_timeout(now)
-                }
-            };
-            if r.is_err() {
-                failed = true;
-            }
-            // As the glue does after every step.
-            if e.needs_clock() {
-                e.clock(now);
-            }
-            while let Some(d) = e.poll_delivery() {
-                let n = match d {
-                    Delivery::Msg(m) => m.payload.len() as u64,
-                    Delivery::Rendezvous { tag, len, .. } => {
-                        prop_assert!(targets.remove(&tag).is_some());
-                        len as u64
-                    }
-                    _ => 0,
-                };
-                app.push_back(n);
-            }
-            e.set_backlog(app.len(), app.iter().sum());
-            let held = e.held_bytes() + app.iter().sum::<u64>();
-            prop_assert!(held <= bound(&c), "held {held} > bound {}", bound(&c));
-            if failed {
-                prop_assert!(e.poll_work().is_none(), "a failed engine posts nothing");
-            }
-        }
+        let r = super::hostile::run(&steps);
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 }
 
