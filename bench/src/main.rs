@@ -186,9 +186,11 @@ enum Command {
     /// One path, one operation, N messages, then exit: what `cargo xtask profile` runs under
     /// callgrind to count instructions per message (the difference of N and 3N).
     Count(count::CountArgs),
-    /// RPC clients for a bounded time while the server process is killed (SIGKILL) and
-    /// started again: every call accounted for (answered, failed with a typed error, lost,
-    /// misdelivered) and the client process's descriptors and tasks back to their baseline.
+    /// RPC clients for a bounded time while faults strike: the server process or a process of
+    /// clients killed (SIGKILL) and started again, or connections reset, half-closed or cut
+    /// mid-frame by a proxy (uds, tcp); every call accounted for (answered, failed with a
+    /// typed error, lost, misdelivered), and descriptors, tasks and connections back to their
+    /// baseline.
     Soak(soak::SoakArgs),
     /// `bench soak`'s child of clients: calls until it is killed.
     #[command(hide = true)]

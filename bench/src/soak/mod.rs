@@ -1,18 +1,34 @@
-//! `bench soak`: RPC clients run for a bounded time while the server process is killed
-//! (SIGKILL, mid-call and mid-frame) and started again, and every call is accounted for.
+//! `bench soak`: RPC clients run for a bounded time while faults strike, and every call is
+//! accounted for. Three victims, in turn (`--kill`, default all three):
+//!
+//! - `server`: the server process is killed (SIGKILL, mid-call and mid-frame) and started
+//!   again; the clients run here.
+//! - `client`: a child process of clients is killed and started again; the server runs here
+//!   and must give back every connection, descriptor and task.
+//! - `link`: the server and the clients run here, every connection through a fault proxy
+//!   (the [`proxy`] module, uds and tcp only) that breaks one live connection at a time, its
+//!   faults in turn: `rst` (both sockets closed abruptly, a RST on TCP), `half-close` (the
+//!   write side toward the server shut down, so the server reads end of stream while the
+//!   client waits for its reply; every other time the mirror, toward the client) and `cut`
+//!   (part of a chunk inside a frame forwarded, then both sockets closed; toward the server
+//!   and toward the client in turn).
 //!
 //! ```text
 //! bench soak --transports uds,tcp --seconds 20 --clients 8 --kill-every-ms 700
+//! bench soak --transports tcp --kill link
 //! ```
 //!
 //! Each client calls `echo` with a payload that names its call (its id and a pattern derived
 //! from it; 64 B, 64 KiB and 1 MiB in turn), one call at a time, and reconnects when its
 //! connection fails. A call ends in one of three ways: its own payload comes back
-//! (`answered`), a typed error (`failed`: the server was killed under it), or no end within
+//! (`answered`), a typed error (`failed`: the fault struck under it), or no end within
 //! [`CALL_BOUND`] (`lost`). A reply carrying another call's payload is `misdelivered`. After
 //! the run the process's descriptors and tasks must be back where they were before it
-//! (`leaked`). One line per transport; the command fails if anything was lost, misdelivered
-//! or leaked, or if no call was answered after a restart.
+//! (`leaked`), and for `link` no connection may be left open at the server or the proxy. One
+//! line per transport and victim; the command fails if anything was lost, misdelivered or
+//! leaked, or if no call was answered after a restart (after the first fault, for `link`).
+//! `--transports verbs` has no `link` (no byte stream to cut): asked for, it is refused; by
+//! default it is skipped with a line saying so.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -27,6 +43,10 @@ use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
 
 use crate::proto;
+
+pub mod proxy;
+
+use proxy::{Endpoint, Fault, Proxy, Toward};
 
 /// A call that has not ended by then is lost (the RPC deadline is off: a call may only end
 /// by its reply or by its connection's failure).
@@ -45,29 +65,40 @@ pub struct SoakArgs {
     /// For verbs: the address the server listens on (an RDMA device's IP and a free port).
     #[arg(long)]
     pub verbs_addr: Option<std::net::SocketAddr>,
-    /// Seconds of calls per transport.
+    /// Seconds of calls per transport and victim.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub seconds: u64,
     /// Clients calling at once.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub clients: u64,
-    /// The victim is killed (SIGKILL) after running this long, then started again.
+    /// A fault strikes this often: the victim process is killed (SIGKILL) and started again,
+    /// or (link) the proxy breaks one connection.
     #[arg(long, default_value_t = 700, value_parser = clap::value_parser!(u64).range(10..))]
     pub kill_every_ms: u64,
-    /// Which process is killed, in turn: the server (the clients here account for every
-    /// call), the clients (a child process of clients; the server here must give back every
-    /// connection, descriptor and task).
-    #[arg(long, value_delimiter = ',', default_value = "server,client")]
-    pub kill: Vec<Victim>,
+    /// What the faults strike, in turn [default: server,client,link]: the server process (the
+    /// clients here account for every call), the clients (a child process of clients; the
+    /// server here must give back every connection, descriptor and task), the link (clients
+    /// and server here, through a fault proxy that resets a connection, half-closes it or cuts
+    /// it mid-frame; uds and tcp only: verbs has no byte stream to cut).
+    #[arg(long, value_delimiter = ',')]
+    pub kill: Option<Vec<Victim>>,
 }
 
-/// The process `bench soak` kills.
+/// Why `--kill link` and `--transports verbs` do not go together.
+const NO_LINK_ON_VERBS: &str = "--kill link is for uds and tcp: verbs has no byte stream for \
+     the fault proxy to reset, half-close or cut; leave verbs out of --transports or link out \
+     of --kill";
+
+/// What `bench soak`'s faults strike.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Victim {
     /// A `bench server` child; the clients run in the soak's process.
     Server,
     /// A child process of clients (`bench soak-client`); the server runs in the soak's process.
     Client,
+    /// The connections: clients and server run in the soak's process, through a fault proxy
+    /// that resets, half-closes or cuts one connection at a time (uds and tcp).
+    Link,
 }
 
 /// The hidden `bench soak-client`: clients calling until the process is killed.
@@ -103,7 +134,8 @@ struct Tally {
     failed: AtomicU64,
     lost: AtomicU64,
     misdelivered: AtomicU64,
-    /// Calls answered on a server started again after a kill.
+    /// Calls answered on a server started again after a kill (link: on a connection made
+    /// after a fault).
     answered_after_restart: AtomicU64,
     connects: AtomicU64,
 }
@@ -117,22 +149,52 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .map_err(|e| format!("runtime: {e}"))
 }
 
+/// Each transport with each victim, in turn, and whether it runs: link on verbs is skipped
+/// when it comes from the default victims, and refused when asked for.
+fn plan(a: &SoakArgs) -> Result<Vec<(SoakTransport, Victim, bool)>, String> {
+    let victims = a
+        .kill
+        .clone()
+        .unwrap_or_else(|| vec![Victim::Server, Victim::Client, Victim::Link]);
+    let link_asked = a.kill.as_ref().is_some_and(|k| k.contains(&Victim::Link));
+    if link_asked && a.transports.contains(&SoakTransport::Verbs) {
+        return Err(NO_LINK_ON_VERBS.into());
+    }
+    let mut plan = Vec::new();
+    for &t in &a.transports {
+        for &v in &victims {
+            plan.push((t, v, !(t == SoakTransport::Verbs && v == Victim::Link)));
+        }
+    }
+    Ok(plan)
+}
+
 /// Runs the soak on each transport; fails if any of them lost, misdelivered or leaked.
 pub fn run(a: &SoakArgs) -> Result<(), String> {
     let rt = runtime()?;
     let dir = std::env::temp_dir().join(format!("bench-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut bad = Vec::new();
-    for &t in &a.transports {
-        for &victim in &a.kill {
-            let line = match victim {
-                Victim::Server => rt.block_on(server_killed(t, a, &dir))?,
-                Victim::Client => rt.block_on(clients_killed(t, a, &dir))?,
-            };
-            println!("{}", line.0);
-            if !line.1 {
-                bad.push(format!("{t:?} ({victim:?} killed)").to_lowercase());
-            }
+    for (t, victim, runs) in plan(a)? {
+        let name = format!("{t:?}").to_lowercase();
+        if !runs {
+            println!(
+                "soak {name:<4} link faults: skipped (verbs has no byte stream for the fault \
+                 proxy to cut)"
+            );
+            continue;
+        }
+        let line = match victim {
+            Victim::Server => rt.block_on(server_killed(t, a, &dir))?,
+            Victim::Client => rt.block_on(clients_killed(t, a, &dir))?,
+            Victim::Link => rt.block_on(link_faults(t, a, &dir))?,
+        };
+        println!("{}", line.0);
+        if !line.1 {
+            bad.push(match victim {
+                Victim::Link => format!("{name} (link faults)"),
+                v => format!("{name} ({} killed)", format!("{v:?}").to_lowercase()),
+            });
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -426,6 +488,157 @@ async fn clients_killed(
     Ok((line, ok))
 }
 
+/// The fault the proxy injects at `turn`: rst, half-close, cut in turn, the half-close and
+/// the cut aimed at the server for one round and at the client for the next.
+fn fault_in_turn(turn: u64) -> Fault {
+    let toward = if (turn / 3) % 2 == 0 {
+        Toward::Server
+    } else {
+        Toward::Client
+    };
+    match turn % 3 {
+        0 => Fault::Rst,
+        1 => Fault::HalfClose(toward),
+        _ => Fault::Cut(toward),
+    }
+}
+
+/// The server and the clients here, every connection through the fault proxy, which breaks
+/// one every `kill_every_ms`: every call must end once, a call must be answered after the
+/// first fault, and afterwards no connection may be open at the server or the proxy and the
+/// process hold no more descriptors or tasks than before the clients.
+async fn link_faults(
+    t: SoakTransport,
+    a: &SoakArgs,
+    dir: &std::path::Path,
+) -> Result<(String, bool), String> {
+    let counters = Arc::new(proto::ServerCounters::default());
+    let (upstream, listen, served) = match t {
+        SoakTransport::Uds => {
+            let sock = dir.join("link-server.sock");
+            let l = UdsTransport::default()
+                .listen(&UdsAddr(sock.clone()))
+                .await
+                .map_err(|e| format!("listen on {}: {e}", sock.display()))?;
+            let c = counters.clone();
+            let task = tokio::spawn(async move { proto::serve(l, c).await });
+            let proxy_at = Endpoint::Unix(dir.join("link-proxy.sock"));
+            (Endpoint::Unix(sock), proxy_at, task)
+        }
+        SoakTransport::Tcp => {
+            let l = TcpTransport::default()
+                .listen(&"127.0.0.1:0".parse().expect("an address"))
+                .await
+                .map_err(|e| format!("tcp listen: {e}"))?;
+            let at = transport_core::Listener::local_addr(&l).map_err(|e| e.to_string())?;
+            let c = counters.clone();
+            let task = tokio::spawn(async move { proto::serve(l, c).await });
+            let proxy_at = Endpoint::Tcp("127.0.0.1:0".parse().expect("an address"));
+            (Endpoint::Tcp(at), proxy_at, task)
+        }
+        SoakTransport::Verbs => return Err(NO_LINK_ON_VERBS.into()),
+    };
+    let proxy = match Proxy::start(&listen, upstream).await {
+        Ok(p) => p,
+        Err(e) => {
+            served.abort();
+            return Err(format!("the fault proxy at {listen}: {e}"));
+        }
+    };
+    // The server's and the proxy's listeners and tasks are set up: that is the baseline.
+    let baseline = Resources::now();
+    let tally = Arc::new(Tally::default());
+    // A connection made after a fault was applied counts its answers as after a restart.
+    let generation = proxy.counts().applied();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = tokio::task::JoinSet::new();
+    for c in 0..a.clients {
+        let (tally, generation, stop) = (tally.clone(), generation.clone(), stop.clone());
+        match proxy.local() {
+            Endpoint::Unix(p) => {
+                let addr = UdsAddr(p.clone());
+                let t = UdsTransport::default();
+                clients.spawn(client(c, t, addr, tally, generation, stop));
+            }
+            Endpoint::Tcp(at) => {
+                let t = TcpTransport::default();
+                clients.spawn(client(c, t, *at, tally, generation, stop));
+            }
+        }
+    }
+    let end = Instant::now() + Duration::from_secs(a.seconds);
+    let mut turn = 0u64;
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(a.kill_every_ms).min(end - Instant::now())).await;
+        if Instant::now() >= end {
+            break;
+        }
+        // No live connection now (every client reconnecting): the same fault next time.
+        if proxy.inject(fault_in_turn(turn)) {
+            turn += 1;
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let joined = tokio::time::timeout(CALL_BOUND + Duration::from_secs(10), async {
+        while let Some(r) = clients.join_next().await {
+            if let Err(e) = r {
+                return Err(format!("a client task failed: {e}"));
+            }
+        }
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|_| Err("the clients did not stop in time".into()));
+    if let Err(e) = joined {
+        served.abort();
+        return Err(e);
+    }
+    // Every client closed its connection: the proxy's relays and the server's connections
+    // end within a bound.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let _ = tokio::time::timeout_at(deadline.into(), proxy.idle()).await;
+    while counters.live() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let open = counters.live() + proxy.live();
+    let after = Resources::settled(&baseline, deadline).await;
+    let (fds, tasks) = after.leaked(&baseline);
+    served.abort();
+    let faults = proxy.counts();
+    let (rst, half_close, cut) = (faults.rst(), faults.half_close(), faults.cut());
+    drop(proxy);
+    let get = |c: &AtomicU64| c.load(Ordering::SeqCst);
+    let (calls, answered, failed) = (get(&tally.calls), get(&tally.answered), get(&tally.failed));
+    let (lost, misdelivered) = (get(&tally.lost), get(&tally.misdelivered));
+    let ended_once = answered + failed + lost == calls;
+    let answered_after = rst + half_close + cut == 0 || get(&tally.answered_after_restart) > 0;
+    let ok = lost == 0
+        && misdelivered == 0
+        && fds == 0
+        && tasks == 0
+        && open == 0
+        && ended_once
+        && answered_after;
+    let line = format!(
+        "soak {:<4} link faults: {calls} calls in {} s by {} clients: {answered} answered, \
+         {failed} failed with a typed error; faults {rst} rst, {half_close} half-close, {cut} \
+         cut; {} connects; lost {lost}, misdelivered {misdelivered}, leaked {fds} fds, {tasks} \
+         tasks, {open} connections (RSS {:+} MiB){}{}",
+        format!("{t:?}").to_lowercase(),
+        a.seconds,
+        a.clients,
+        get(&tally.connects),
+        (after.rss_kib as i64 - baseline.rss_kib as i64) / 1024,
+        if answered_after {
+            ""
+        } else {
+            "; no call answered after the first fault"
+        },
+        if ok { "" } else { " FAILED" },
+    );
+    Ok((line, ok))
+}
+
 /// `bench soak-client`: clients call until the process is killed (the soak kills it).
 pub fn client_process(a: &SoakClientArgs) -> Result<(), String> {
     let rt = runtime()?;
@@ -623,6 +836,57 @@ mod tests {
         // Not a prefix of another call's: the pattern depends on the id.
         let (a, b) = (named_payload(5, 64), named_payload(6, 64));
         assert_ne!(&a[8..], &b[8..]);
+    }
+
+    /// By default every victim runs on uds and tcp, and link is skipped (not refused) on
+    /// verbs; asked for on verbs, link is refused before anything runs.
+    #[test]
+    fn link_runs_on_sockets_and_is_skipped_or_refused_on_verbs() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            soak: SoakArgs,
+        }
+        let parse = |args: &[&str]| {
+            let argv = std::iter::once("soak").chain(args.iter().copied());
+            Cli::try_parse_from(argv).expect("valid arguments").soak
+        };
+        let plan_of = |args: &[&str]| plan(&parse(args));
+        let all = [Victim::Server, Victim::Client, Victim::Link];
+        let sockets = plan_of(&[]).expect("the default plan");
+        let expected: Vec<_> = [SoakTransport::Uds, SoakTransport::Tcp]
+            .into_iter()
+            .flat_map(|t| all.map(|v| (t, v, true)))
+            .collect();
+        assert_eq!(sockets, expected);
+        let verbs = plan_of(&["--transports", "verbs"]).expect("verbs by default");
+        assert_eq!(
+            verbs,
+            all.map(|v| (SoakTransport::Verbs, v, v != Victim::Link))
+        );
+        let refused = plan_of(&["--transports", "tcp,verbs", "--kill", "server,link"]);
+        assert_eq!(refused, Err(NO_LINK_ON_VERBS.to_string()));
+        let asked = plan_of(&["--transports", "verbs", "--kill", "client"]).expect("no link");
+        assert_eq!(asked, vec![(SoakTransport::Verbs, Victim::Client, true)]);
+    }
+
+    /// The proxy's faults come in turn, each kind aimed at the server, then at the client.
+    #[test]
+    fn faults_take_their_kinds_and_directions_in_turn() {
+        let turns: Vec<_> = (0..7).map(fault_in_turn).collect();
+        assert_eq!(
+            turns,
+            [
+                Fault::Rst,
+                Fault::HalfClose(Toward::Server),
+                Fault::Cut(Toward::Server),
+                Fault::Rst,
+                Fault::HalfClose(Toward::Client),
+                Fault::Cut(Toward::Client),
+                Fault::Rst,
+            ]
+        );
     }
 
     /// Leaks are what the process holds beyond its baseline, never negative.
