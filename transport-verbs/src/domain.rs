@@ -119,6 +119,18 @@ pub struct MemoryUse {
     /// (`srq_depth` × `recv_buf_size()` per device once its first connection was made), shared
     /// by every connection: it does not grow with the number of connections.
     pub shared_receive_bytes: usize,
+    /// The part of `registered_bytes` in pool buffers taken from the pools and not returned,
+    /// other than posted receive buffers (those of the shared receive queues and the
+    /// connections' own): buffers held by messages in flight, send buffers from
+    /// [`transport_core::MessageSender::buffer_pool`], received payloads the application still
+    /// holds (handed over in place, or read by rendezvous), and READ targets of transfers
+    /// under way. With no connection open and no received payload held it is 0: a buffer that
+    /// is never returned (a leak) stays counted here. The counters it is made of are read
+    /// without stopping the connections, so a reading taken while buffers come and go may be
+    /// off by those buffers (never below 0). Registration exposure gives each connection a
+    /// pool of its own, counted only while the connection lives: a payload it received and
+    /// the application still holds after it closed is no longer counted.
+    pub lent_bytes: usize,
 }
 
 /// Fewest buffers a shared receive queue is made smaller to (the least `srq_depth` allowed).
@@ -202,10 +214,18 @@ impl Domains {
         });
         for d in domains {
             let own = d.own.load(Ordering::Relaxed);
+            let posted = d.posted.load(Ordering::Relaxed);
+            let shared_posted = d.srq.as_ref().map_or(0, |s| s.posted_bytes());
             m.connections += d.connections.load(Ordering::Relaxed);
-            m.per_connection_bytes += own + d.posted.load(Ordering::Relaxed);
+            m.per_connection_bytes += own + posted;
             m.registered_bytes += own + d.pool.registered_bytes();
-            m.shared_receive_bytes += d.srq.as_ref().map_or(0, |s| s.posted_bytes());
+            m.shared_receive_bytes += shared_posted;
+            // Per domain: its pool's buffers out, less those posted to receive into.
+            m.lent_bytes += d
+                .pool
+                .taken_bytes()
+                .saturating_sub(shared_posted)
+                .saturating_sub(posted);
         }
         m
     }

@@ -109,6 +109,18 @@ impl SharedPool {
         let cached = self.inner.cache.lock().map(|c| c.bytes).unwrap_or(0);
         self.inner.registered.load(Ordering::Relaxed) + cached
     }
+
+    /// Bytes of pool buffers taken from the pool and not returned, right now: registered
+    /// and not idle (posted receive buffers among them; the domain tells those apart). The
+    /// two counters are read one after the other while buffers come and go, so a reading
+    /// taken during a change may be off by that buffer; it never goes below 0.
+    pub(crate) fn taken_bytes(&self) -> usize {
+        let idle = self.inner.state.lock().map(|s| s.idle_bytes).unwrap_or(0);
+        self.inner
+            .registered
+            .load(Ordering::Relaxed)
+            .saturating_sub(idle)
+    }
 }
 
 /// One connection's handle on its device's [`SharedPool`].

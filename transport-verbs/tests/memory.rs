@@ -77,11 +77,18 @@ fn idle_connections_keep_at_most_their_bound_registered() {
             assert!(held <= 64 << 10, "{held} bytes registered per connection");
         }
         common::srq_refilled(&verbs, srq_bytes).await;
+        // Open and idle, the shared queue full again: no buffer is out but those posted.
+        let m = verbs.memory_use();
+        assert_eq!(m.lent_bytes, 0, "idle connections: {m:?}");
         drop(pairs);
-        // Teardown runs in the background; it ends within a bounded time.
+        // Teardown runs in the background; it ends within a bounded time, every buffer back.
         let deadline = Instant::now() + Duration::from_secs(30);
-        while verbs.memory_use().connections > 0 {
-            assert!(Instant::now() < deadline, "{:?}", verbs.memory_use());
+        loop {
+            let m = verbs.memory_use();
+            if m.connections == 0 && m.lent_bytes == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{m:?}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(verbs.memory_use().per_connection_bytes, 0);
@@ -212,9 +219,31 @@ fn the_shared_receive_queue_is_full_again_after_connections_close_mid_stream() {
         let mut listener = verbs.listen(&addr).await.expect("listen");
         let addr = listener.local_addr().expect("addr");
         let mut full = None;
+        let mut held = None;
         for round in 0..8 {
             let mut p = common::open_pair(&verbs, &mut listener, addr).await;
             full.get_or_insert(common::paths(&verbs).srq_depth * cfg.recv_buf_size());
+            if round == 7 {
+                // A payload the application keeps: read by rendezvous into a pool buffer,
+                // lent to it until it drops the payload.
+                let len = 4 * cfg.eager_limit;
+                p.client
+                    .0
+                    .send(Message::new(
+                        HeaderBytes::from([2u8]),
+                        Bytes::from(vec![7u8; len]),
+                    ))
+                    .await
+                    .expect("send");
+                let m = p.server.1.recv().await.expect("recv").expect("open");
+                assert_eq!(m.payload.len(), len);
+                let lent = verbs.memory_use().lent_bytes;
+                assert!(
+                    lent >= len,
+                    "{lent} bytes lent while a {len}-byte payload is held"
+                );
+                held = Some(m.payload);
+            }
             // Messages the server never takes, some of them still unpolled when both ends
             // go: their shared buffers must come back.
             for i in 0..32u32 {
@@ -227,14 +256,28 @@ fn the_shared_receive_queue_is_full_again_after_connections_close_mid_stream() {
             }
             drop(p);
         }
+        let held = held.expect("the last round kept a payload");
         let deadline = Instant::now() + Duration::from_secs(30);
+        while verbs.memory_use().connections > 0 {
+            assert!(Instant::now() < deadline, "{:?}", verbs.memory_use());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if common::paths(&verbs).exposure == transport_verbs::ExposurePath::MemoryWindow {
+            // The payload outlives its connection: its buffer is still lent (a connection's
+            // own pool, with registration exposure, is no longer counted once it closed).
+            let m = verbs.memory_use();
+            assert!(m.lent_bytes >= held.len(), "{m:?} with {} held", held.len());
+        }
+        drop(held);
         loop {
             let m = verbs.memory_use();
             let full = full.expect("a round ran");
-            // Without a shared queue, every connection's buffers went with it.
+            // Without a shared queue, every connection's buffers went with it. Every buffer
+            // taken for a message, a READ or a payload came back to its pool.
             if m.connections == 0
                 && m.shared_receive_bytes == full
                 && (full > 0 || m.registered_bytes == 0)
+                && m.lent_bytes == 0
             {
                 break;
             }
