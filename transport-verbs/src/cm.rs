@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use sideway::ibverbs::queue_pair::QueuePairState;
@@ -109,13 +109,14 @@ pub(crate) struct CmSink(pub(crate) mpsc::UnboundedSender<CmMsg>);
 pub(crate) struct CmChannel(std::sync::Mutex<Option<Arc<EventChannel>>>);
 
 impl CmChannel {
-    /// The channel, made (and its pump started) by the first caller.
-    pub(crate) fn get(&self) -> Result<Arc<EventChannel>, TransportError> {
+    /// The channel, made (and its pump started) by the first caller. Device removals seen on
+    /// it are reported to `domains` ([`Domains::device_removed`]).
+    pub(crate) fn get(&self, domains: &Arc<Domains>) -> Result<Arc<EventChannel>, TransportError> {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(ch) = &*g {
             return Ok(ch.clone());
         }
-        let ch = channel()?;
+        let ch = channel(Arc::downgrade(domains))?;
         *g = Some(ch.clone());
         Ok(ch)
     }
@@ -163,17 +164,17 @@ pub(crate) fn rdma_addresses() -> Result<Vec<(String, std::net::IpAddr)>, Transp
 /// current-thread runtime per client thread), and the events of all of them must keep flowing
 /// when any one runtime ends. Events are rare (setup, teardown), and the thread sleeps in
 /// poll(2), waking once per `PUMP_EXIT_CHECK` while idle.
-fn channel() -> Result<Arc<EventChannel>, TransportError> {
+fn channel(domains: Weak<Domains>) -> Result<Arc<EventChannel>, TransportError> {
     let ch = EventChannel::new().map_err(|e| cm_err("rdma_create_event_channel", &"-", e))?;
     ch.set_nonblocking(true)?;
     let pumped = ch.clone();
     std::thread::Builder::new()
         .name("verbs-rdma-cm".into())
-        .spawn(move || pump(pumped))?;
+        .spawn(move || pump(pumped, domains))?;
     Ok(ch)
 }
 
-fn pump(ch: Arc<EventChannel>) {
+fn pump(ch: Arc<EventChannel>, domains: Weak<Domains>) {
     use std::os::fd::AsRawFd;
     let fd = ch.as_raw_fd();
     loop {
@@ -199,6 +200,15 @@ fn pump(ch: Arc<EventChannel>) {
                     } else {
                         (ev.cm_id(), None)
                     };
+                    if kind == Some(EventType::DeviceRemoval) {
+                        // Before the identifier's own handling: the device's shared
+                        // resources are forgotten first, so that they go as soon as the
+                        // connections on it let go of theirs.
+                        let ctx = target.as_ref().and_then(|id| id.get_device_context());
+                        if let (Some(ctx), Some(d)) = (ctx, domains.upgrade()) {
+                            d.device_removed(&ctx);
+                        }
+                    }
                     if let Some(sink) = target.and_then(|id| id.get_context::<CmSink>()) {
                         let _ = sink.0.send(CmMsg {
                             kind,
@@ -507,20 +517,37 @@ pub(crate) async fn connect(
 
 /// A bound, listening identifier.
 pub(crate) struct Listening {
-    pub(crate) id: Option<Arc<Identifier>>,
+    /// The listening identifier, until [`Listening::close`] or its device's removal.
+    id: Arc<std::sync::Mutex<Option<Arc<Identifier>>>>,
     pub(crate) addr: SocketAddr,
+}
+
+impl Listening {
+    /// Stops listening: destroys the identifier (off the async threads).
+    pub(crate) fn close(&self) {
+        close_listening(&self.id);
+    }
+}
+
+fn close_listening(slot: &std::sync::Mutex<Option<Arc<Identifier>>>) {
+    let id = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(id) = id {
+        drop_id_off_thread(id);
+    }
 }
 
 /// Binds and listens at `addr`; port 0 picks a free port. Connect requests are completed in
 /// the background (like a kernel's TCP backlog), each established connection handed to
-/// `on_ready` (which starts it at once, so its handshake does not wait for `accept`).
+/// `on_ready` (which starts it at once, so its handshake does not wait for `accept`). When
+/// the listener's device is removed, its identifier is destroyed and `on_ready` gets the
+/// [`VerbsError::DeviceRemoved`](crate::VerbsError::DeviceRemoved) error, last.
 pub(crate) fn listen(
     ch: Arc<EventChannel>,
     domains: Arc<Domains>,
     addr: SocketAddr,
     cfg: Arc<VerbsConfig>,
     mode: RecvMode,
-    on_ready: impl Fn(Established) + Send + Sync + 'static,
+    on_ready: impl Fn(Result<Established, crate::VerbsError>) + Send + Sync + 'static,
 ) -> Result<Listening, TransportError> {
     // `to_canonical` so an IPv4-mapped loopback (`[::ffff:127.0.0.1]`) is caught too.
     if addr.ip().to_canonical().is_loopback() {
@@ -568,9 +595,23 @@ pub(crate) fn listen(
     id.listen(backlog)
         .map_err(|e| cm_err("listen", &bound, e))?;
     let on_ready = Arc::new(on_ready);
+    let slot = Arc::new(std::sync::Mutex::new(Some(id)));
+    let listening = slot.clone();
     // Ends when the listening identifier (which holds the sink) is destroyed.
     tokio::spawn(async move {
         while let Some(m) = rx.recv().await {
+            if m.kind == Some(EventType::DeviceRemoval) {
+                let device = {
+                    use sideway::ibverbs::device::DeviceInfo as _;
+                    let id = listening.lock().unwrap_or_else(|p| p.into_inner());
+                    id.as_ref()
+                        .and_then(|id| id.get_device_context())
+                        .map_or_else(|| format!("of {bound}"), |ctx| ctx.name())
+                };
+                close_listening(&listening);
+                on_ready(Err(crate::VerbsError::DeviceRemoved { device }));
+                break;
+            }
             let Some(new_id) = m.new_id else { continue };
             let cfg = cfg.clone();
             let domains = domains.clone();
@@ -578,13 +619,13 @@ pub(crate) fn listen(
             tokio::spawn(async move {
                 // A request whose setup fails is dropped (rejected); the listener goes on.
                 if let Ok(est) = accept(cfg, domains, new_id, bound, mode).await {
-                    on_ready(est);
+                    on_ready(Ok(est));
                 }
             });
         }
     });
     Ok(Listening {
-        id: Some(id),
+        id: slot,
         addr: bound,
     })
 }

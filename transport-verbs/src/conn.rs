@@ -980,10 +980,16 @@ impl Core {
 
     fn on_cm(&mut self, kind: Option<EventType>) {
         match kind {
-            Some(EventType::Disconnected)
-            | Some(EventType::DeviceRemoval)
-            | Some(EventType::TimewaitExit)
-            | None => {
+            Some(EventType::DeviceRemoval) => {
+                // What completed before is delivered first, then the removal: the driver
+                // then tears the queue pair down, whatever the application still holds.
+                self.progress();
+                let f = Fail::verbs(VerbsError::DeviceRemoved {
+                    device: self.device.clone(),
+                });
+                self.fail(f);
+            }
+            Some(EventType::Disconnected) | Some(EventType::TimewaitExit) | None => {
                 // Whatever the peer sent before leaving is in the CQ: take it first.
                 self.progress();
                 if self.failed.is_some() {

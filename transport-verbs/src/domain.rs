@@ -94,6 +94,72 @@ struct DeviceEntry {
     private: Vec<Weak<Domain>>,
 }
 
+/// How long the transport re-reads librdmacm's device list after a device's removal, waiting
+/// for the kernel to take the device off it (see [`Domains::device_removed`]).
+const RELEASE_WATCH: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Weak handles on what a removed device's entry held: gone once every connection, buffer
+/// and pump on the device has let go.
+struct Held {
+    pump: Weak<CqPump>,
+    pds: Vec<Weak<ProtectionDomain>>,
+    guard: Option<Weak<KeyGuard>>,
+}
+
+impl Held {
+    fn of(e: &DeviceEntry) -> Held {
+        let domains = e
+            .shared
+            .iter()
+            .cloned()
+            .chain(e.private.iter().filter_map(Weak::upgrade));
+        Held {
+            pump: Arc::downgrade(&e.cq_pump),
+            pds: domains.map(|d| Arc::downgrade(&d.pd)).collect(),
+            guard: e.siw_guard.as_ref().map(Arc::downgrade),
+        }
+    }
+
+    fn all_gone(&self) -> bool {
+        self.pump.strong_count() == 0
+            && self.pds.iter().all(|p| p.strong_count() == 0)
+            && self.guard.as_ref().is_none_or(|g| g.strong_count() == 0)
+    }
+}
+
+/// Waits (bounded) until everything of ours on the removed `device` is gone, then re-reads
+/// librdmacm's device list until the device is off it: librdmacm then closes its context of
+/// the device, and the kernel can finish the removal.
+fn give_back(device: &str, held: &Held) {
+    let start = std::time::Instant::now();
+    let step = std::time::Duration::from_millis(50);
+    while !held.all_gone() {
+        if start.elapsed() > RELEASE_WATCH {
+            tracing::warn!(
+                device,
+                "the removed device's resources are still in use after {RELEASE_WATCH:?} \
+                 (a connection or received payload the application holds); it is not given back"
+            );
+            return;
+        }
+        std::thread::sleep(step);
+    }
+    while start.elapsed() < RELEASE_WATCH {
+        if !crate::ffi::cm_devices::rdma_cm_devices()
+            .iter()
+            .any(|d| d == device)
+        {
+            tracing::debug!(device, "removed device given back to librdmacm");
+            return;
+        }
+        std::thread::sleep(step);
+    }
+    tracing::warn!(
+        device,
+        "the removed device is still listed after {RELEASE_WATCH:?}"
+    );
+}
+
 /// The domains of one transport, by device context.
 #[derive(Default)]
 pub(crate) struct Domains {
@@ -194,6 +260,37 @@ impl Domains {
             entry.private.push(Arc::downgrade(&d));
         }
         Ok(d)
+    }
+
+    /// rdma_cm reported `ctx`'s device removed: forgets the device's entry (its probed
+    /// capabilities, completion channel and shared domain), so that its resources go as soon
+    /// as the connections on it (each failed by its own removal event) and the buffers the
+    /// application still holds let go of them, and a device of the same name added later is
+    /// probed afresh. Then, on a thread of its own, re-reads librdmacm's device list until the
+    /// device is gone from it, so that librdmacm closes its context too (see
+    /// [`crate::ffi::cm_devices`]): the kernel finishes the removal only then.
+    pub(crate) fn device_removed(&self, ctx: &Arc<DeviceContext>) {
+        let key = Arc::as_ptr(ctx) as usize;
+        let entry = {
+            let mut map = self.by_context.lock().unwrap_or_else(|p| p.into_inner());
+            map.remove(&key)
+        };
+        let Some(entry) = entry else {
+            return; // already forgotten (every identifier on the device reports it)
+        };
+        let device = entry.caps.device.clone();
+        tracing::warn!(%device, "RDMA device removed: its connections and listeners fail");
+        // What must be gone before librdmacm may close the device's context: every verbs
+        // object of ours on it (a context closed under them leaves their queues mapped, and
+        // the mappings hold the device).
+        let held = Held::of(&entry);
+        drop(entry);
+        let spawned = std::thread::Builder::new()
+            .name(format!("verbs-gone-{device}"))
+            .spawn(move || give_back(&device, &held));
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no thread to give the removed device back");
+        }
     }
 
     /// What each device this transport has connected through can do.

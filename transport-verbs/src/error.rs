@@ -94,6 +94,15 @@ pub enum VerbsError {
         /// The device's own error code.
         vendor_err: u32,
     },
+    /// The RDMA device was removed while in use (`rdma link delete`, a hot-unplugged NIC, its
+    /// driver unloaded): every connection and listener of the transport on it failed with
+    /// this error, and the transport gave the device back (see the crate docs, "Device
+    /// removal"). Its other devices, and the process's other transports, go on.
+    #[error("RDMA device `{device}` was removed; its connections and listeners are closed")]
+    DeviceRemoved {
+        /// The device name.
+        device: String,
+    },
     /// The peer did not do something within its time limit; the connection was failed.
     #[error("{what} within {after:?}")]
     Timeout {

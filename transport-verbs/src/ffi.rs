@@ -36,6 +36,7 @@ use sideway::ibverbs::AccessFlags;
 
 use crate::error::WorkRequestKind;
 
+pub(crate) mod cm_devices;
 pub(crate) mod probe;
 mod srq;
 pub(crate) use srq::{FreshBuf, RawQp, RecvQueue, Srq};

@@ -171,6 +171,22 @@
 //!   failed completion, a broken protocol rule or a missed deadline fail every pending and later
 //!   call with a typed error naming the cause.
 //!
+//! ## Device removal
+//!
+//! When a device goes while in use (`rdma link delete`, a hot-unplugged NIC, its driver
+//! unloaded), rdma_cm reports it on every identifier bound to it. The transport then fails each
+//! connection on the device with [`VerbsError::DeviceRemoved`] (on iWARP the kernel resets the
+//! TCP connections under the queue pairs first: those connections report the reset), fails the
+//! listener's `accept` with the same error, tears the queue pairs down at once (whatever the
+//! application still holds), and forgets the device's shared resources. Its other devices, and
+//! the process's other transports, go on; a device added back later is probed afresh and
+//! connects again. Drivers that cannot revoke an open context (rxe, siw) finish a removal only
+//! when every process has closed its context: once the application has dropped the failed
+//! connections and the received payloads it holds, the transport lets librdmacm close its
+//! context too (it re-reads librdmacm's device list, which opens the other present devices as
+//! a side effect). `tests/device_removal.rs` checks this in the guest on rxe and siw: `rdma
+//! link delete` returns about a second after it started.
+//!
 //! ## Security model: what a peer can and cannot do
 //!
 //! A peer is not trusted. Every number it sends (lengths, addresses, credits, ids, buffer
@@ -431,7 +447,7 @@ impl Transport for VerbsTransport {
 
     async fn connect(&self, addr: &SocketAddr) -> Result<VerbsConnection, TransportError> {
         let est = cm::connect(
-            self.cm.get()?,
+            self.cm.get(&self.domains)?,
             self.domains.clone(),
             self.config.clone(),
             *addr,
@@ -444,26 +460,37 @@ impl Transport for VerbsTransport {
     async fn listen(&self, addr: &SocketAddr) -> Result<VerbsListener, TransportError> {
         let (tx, ready) = tokio::sync::mpsc::unbounded_channel();
         let l = cm::listen(
-            self.cm.get()?,
+            self.cm.get(&self.domains)?,
             self.domains.clone(),
             *addr,
             self.config.clone(),
             cm::RecvMode::Shared,
-            move |est| {
+            move |est| match est {
                 // Started at once: the handshake and its time limit do not wait for `accept`.
-                if let Ok(c) = conn::start(est) {
-                    let _ = tx.send(c);
+                Ok(est) => {
+                    if let Ok(c) = conn::start(est) {
+                        let _ = tx.send(Ok(c));
+                    }
+                }
+                Err(removed) => {
+                    let _ = tx.send(Err(TransportError::from(removed)));
                 }
             },
         )?;
-        Ok(VerbsListener { inner: l, ready })
+        Ok(VerbsListener {
+            inner: l,
+            ready,
+            failed: None,
+        })
     }
 }
 
 /// A listening rdma_cm identifier.
 pub struct VerbsListener {
     inner: cm::Listening,
-    ready: tokio::sync::mpsc::UnboundedReceiver<VerbsConnection>,
+    ready: tokio::sync::mpsc::UnboundedReceiver<Result<VerbsConnection, TransportError>>,
+    /// Why the listener ended ([`VerbsError::DeviceRemoved`]), reported by every later accept.
+    failed: Option<TransportError>,
 }
 
 impl std::fmt::Debug for VerbsListener {
@@ -476,9 +503,7 @@ impl std::fmt::Debug for VerbsListener {
 
 impl Drop for VerbsListener {
     fn drop(&mut self) {
-        if let Some(id) = self.inner.id.take() {
-            cm::drop_id_off_thread(id);
-        }
+        self.inner.close();
     }
 }
 
@@ -490,8 +515,21 @@ impl Listener for VerbsListener {
         Ok(self.inner.addr)
     }
 
-    /// The next established connection (set up in the background; cancel safe).
+    /// The next established connection (set up in the background; cancel safe). Once the
+    /// listener's device is removed, this and every later call fail with
+    /// [`VerbsError::DeviceRemoved`] (connections established before are still returned
+    /// first).
     async fn accept(&mut self) -> Result<VerbsConnection, TransportError> {
-        self.ready.recv().await.ok_or(TransportError::Closed)
+        match self.ready.recv().await {
+            Some(Ok(c)) => Ok(c),
+            Some(Err(e)) => {
+                self.failed = Some(e.duplicate());
+                Err(e)
+            }
+            None => Err(self
+                .failed
+                .as_ref()
+                .map_or(TransportError::Closed, TransportError::duplicate)),
+        }
     }
 }

@@ -357,7 +357,7 @@ impl LinkServer {
                 rt.block_on(async move {
                     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
                     let listening = cm::listen(
-                        match transport.cm.get() {
+                        match transport.cm.get(&transport.domains) {
                             Ok(c) => c,
                             Err(e) => {
                                 let _ = ready_tx.send(Err(e));
@@ -369,10 +369,14 @@ impl LinkServer {
                         transport.config.clone(),
                         cm::RecvMode::Own,
                         move |est| {
-                            let _ = tx.send(est);
+                            // A removed device ends the listener: the loop below then ends
+                            // when the last connection setup in flight is done.
+                            if let Ok(est) = est {
+                                let _ = tx.send(est);
+                            }
                         },
                     );
-                    let mut listening = match listening {
+                    let listening = match listening {
                         Ok(l) => {
                             let _ = ready_tx.send(Ok(l.addr));
                             l
@@ -399,9 +403,7 @@ impl LinkServer {
                             break;
                         }
                     }
-                    if let Some(id) = listening.id.take() {
-                        cm::drop_id_off_thread(id);
-                    }
+                    listening.close();
                 });
             })?;
         let addr = ready_rx
@@ -528,7 +530,7 @@ impl LinkClient {
     ) -> Result<LinkClient, TransportError> {
         let rt = runtime()?;
         let est = rt.block_on(cm::connect(
-            transport.cm.get()?,
+            transport.cm.get(&transport.domains)?,
             transport.domains.clone(),
             transport.config.clone(),
             addr,

@@ -160,9 +160,10 @@ impl RawPeer {
     pub async fn connect(addr: SocketAddr, cfg: VerbsConfig) -> Result<RawPeer, TransportError> {
         let cfg_arc = Arc::new(cfg);
         // Its own event channel (held by its identifier), like a separate process.
-        let ch = crate::cm::CmChannel::default().get()?;
+        let domains = Arc::default();
+        let ch = crate::cm::CmChannel::default().get(&domains)?;
         let Established { res, id, .. } =
-            crate::cm::connect(ch, Arc::default(), cfg_arc, addr, crate::cm::RecvMode::Own).await?;
+            crate::cm::connect(ch, domains, cfg_arc, addr, crate::cm::RecvMode::Own).await?;
         Ok(RawPeer {
             // What the connection uses (the device's paths applied: its receive depth).
             cfg: (*res.cfg).clone(),

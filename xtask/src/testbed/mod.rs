@@ -813,25 +813,35 @@ pub fn run_verbs_suite() -> Result<(), String> {
     let bed = Bed::prepare()?;
     let share = bed.new_share()?;
     let mut tests = Vec::new();
+    let mut removal = None;
     for (exe, filter) in &exes {
         let guest_path = bed.stage(&share, exe)?;
         let filter = filter.unwrap_or_default();
-        tests.push(Staged {
-            name: format!(
-                "test:{}",
-                exe.file_name().unwrap_or_default().to_string_lossy()
-            ),
+        let name = exe
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let staged = Staged {
+            name: format!("test:{name}"),
             cmdline: format!(
                 "TRANSPORT_VERBS_REQUIRE_DEVICE=1 {guest_path} --test-threads=1 --nocapture {filter}"
             ),
-        });
+        };
+        // Deletes the device: the last step of each boot (see `run_target`).
+        if name.starts_with(REMOVAL_TEST) {
+            removal = Some(staged);
+        } else {
+            tests.push(staged);
+        }
     }
+    let removal = removal.ok_or("transport-verbs' device removal test was not built")?;
     let guest_bench = bed.stage(&share, &bench)?;
     let mut lines = Vec::new();
     let mut failed = Vec::new();
     for (i, target) in TARGETS.iter().enumerate() {
         let started = Instant::now();
-        let verdict = run_target(&bed, &share, target, i == 0, &tests, &guest_bench);
+        let verdict = run_target(&bed, &share, target, i == 0, &tests, &removal, &guest_bench);
         let took = started.elapsed().as_secs_f64();
         match verdict {
             Ok(passed) => lines.push(format!(
@@ -869,14 +879,16 @@ pub fn run_verbs_suite() -> Result<(), String> {
     }
 }
 
-/// One target's boot: the smoke suite if `smoke`, each test binary, the bench's verbs rows.
-/// Returns the number of tests that passed.
+/// One target's boot: the smoke suite if `smoke`, each test binary, the bench's verbs rows,
+/// the verbs soak, and last the device's removal (`removal`, which deletes the device and adds
+/// it back). Returns the number of tests that passed.
 fn run_target(
     bed: &Bed,
     share: &Share,
     target: &Target,
     smoke: bool,
     tests: &[Staged],
+    removal: &Staged,
     guest_bench: &str,
 ) -> Result<u64, String> {
     let started = Instant::now();
@@ -920,8 +932,19 @@ fn run_target(
              --seconds 10 --clients 4 --kill-every-ms 1500"
         ),
     );
+    // The device deleted while connections run, then added back (transport-verbs'
+    // tests/device_removal.rs): last, as it takes the device away for a moment.
+    s.step(
+        &removal.name,
+        TEST_TIMEOUT,
+        &format!(
+            "TRANSPORT_VERBS_REMOVE_DEVICE=\"$TB_DEV\" TRANSPORT_VERBS_REMOVE_NETDEV=\"$TB_NETDEV\" {}",
+            removal.cmdline
+        ),
+    );
+    names.push(removal.name.clone());
     let n = u32::try_from(tests.len()).unwrap_or(u32::MAX);
-    secs += TEST_TIMEOUT.saturating_mul(n.saturating_add(2));
+    secs += TEST_TIMEOUT.saturating_mul(n.saturating_add(3));
     share.write("run.sh", &s.finish())?;
     let log = Log::create(&bed.cache.join("logs"), &format!("verbs-{}", target.tag))?;
     log.line(&format!("testbed: verbs suite against {}", target.label()));
@@ -971,7 +994,15 @@ const MIN_PASSED: &[(&str, u64)] = &[
     // transport-verbs under RLIMIT_MEMLOCK: the defaults connect under 8 MiB (the shared
     // receive queue fitted), then a registration beyond 16 MiB is a typed error.
     ("test:memlock-", 1),
+    // A queue pair forced to error: pending calls fail; mid-rendezvous, the reader's or the
+    // sender's: both ends fail typed and give every buffer back.
+    ("test:failures-", 3),
+    // The device deleted under running connections, given back, added again.
+    ("test:device_removal-", 1),
 ];
+
+/// The test binary that removes the device (run last in each boot).
+const REMOVAL_TEST: &str = "device_removal-";
 
 /// Printed by a verbs test that found no device and did not run (must never happen here).
 const SKIP_MARKER: &str = "case not run";
