@@ -314,7 +314,18 @@ pub fn rpc_handler(pool: Bytes) -> impl transport_core::rpc::Handler + Clone {
     }
 }
 
-/// Serves bench connections from `listener` until the process ends, counting each one in
+/// Whether an accept error ends the listener for good: it was closed, or its RDMA device
+/// was removed (every later accept fails the same way).
+fn listener_gone(e: &TransportError) -> bool {
+    matches!(e, TransportError::Closed)
+        || matches!(
+            e.original().backend_error::<transport_verbs::VerbsError>(),
+            Some(transport_verbs::VerbsError::DeviceRemoved { .. })
+        )
+}
+
+/// Serves bench connections from `listener` until the process ends or the listener does
+/// (closed, or its RDMA device removed: that error is returned), counting each one in
 /// `counters` while it is served.
 pub async fn serve<L: Listener>(
     mut listener: L,
@@ -325,6 +336,7 @@ pub async fn serve<L: Listener>(
     loop {
         let conn = match listener.accept().await {
             Ok(c) => c,
+            Err(e) if listener_gone(&e) => return Err(e),
             Err(e) => {
                 eprintln!("bench server: accept failed: {e}");
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;

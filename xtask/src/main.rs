@@ -105,8 +105,9 @@ fn run_tests(args: &[String]) -> Result<(), String> {
     )?;
     util::run_with_timeout("cargo", &["test", "--workspace", "--doc"], TEST_TIME_LIMIT)?;
     // Faults over time: the server process, then a process of clients, killed (SIGKILL) every
-    // 0.7 s for 10 s each on both socket transports; fails on a lost, misdelivered or leaked
-    // call, or a connection the server kept.
+    // 0.7 s for 10 s each, then connections reset, half-closed or cut mid-frame by a proxy, on
+    // both socket transports; fails on a lost, misdelivered or leaked call, or a connection
+    // the server or the proxy kept.
     util::run_with_timeout(
         "cargo",
         &["run", "-q", "-p", "bench", "--", "soak", "--seconds", "10"],

@@ -29,6 +29,11 @@
 //! leaked, or if no call was answered after a restart (after the first fault, for `link`).
 //! `--transports verbs` has no `link` (no byte stream to cut): asked for, it is refused; by
 //! default it is skipped with a line saying so.
+//!
+//! A fourth victim, `device` (verbs only, not in the default; needs `--remove-device
+//! DEVICE:NETDEV` and root), deletes the RDMA device with `rdma link delete` halfway through
+//! and adds it back (the [`device`] module): every verbs call ends, Unix-socket calls beside
+//! them go on, the delete returns, and the verbs clients are answered again afterwards.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -44,6 +49,7 @@ use transport_uds::{UdsAddr, UdsTransport};
 
 use crate::proto;
 
+mod device;
 pub mod proxy;
 
 use proxy::{Endpoint, Fault, Proxy, Toward};
@@ -82,6 +88,10 @@ pub struct SoakArgs {
     /// it mid-frame; uds and tcp only: verbs has no byte stream to cut).
     #[arg(long, value_delimiter = ',')]
     pub kill: Option<Vec<Victim>>,
+    /// For `--kill device` (verbs): the RDMA device to delete and add back, and the network
+    /// device it is bound to, as DEVICE:NETDEV (e.g. rxe0:eth0). Needs root (`rdma link`).
+    #[arg(long)]
+    pub remove_device: Option<String>,
 }
 
 /// Why `--kill link` and `--transports verbs` do not go together.
@@ -99,6 +109,9 @@ pub enum Victim {
     /// The connections: clients and server run in the soak's process, through a fault proxy
     /// that resets, half-closes or cuts one connection at a time (uds and tcp).
     Link,
+    /// The RDMA device (verbs, with `--remove-device`): deleted with `rdma link delete` under
+    /// verbs clients and server here, Unix-socket ones beside them, then added back.
+    Device,
 }
 
 /// The hidden `bench soak-client`: clients calling until the process is killed.
@@ -163,7 +176,12 @@ fn plan(a: &SoakArgs) -> Result<Vec<(SoakTransport, Victim, bool)>, String> {
     let mut plan = Vec::new();
     for &t in &a.transports {
         for &v in &victims {
-            plan.push((t, v, !(t == SoakTransport::Verbs && v == Victim::Link)));
+            let runs = match v {
+                Victim::Link => t != SoakTransport::Verbs,
+                Victim::Device => t == SoakTransport::Verbs,
+                Victim::Server | Victim::Client => true,
+            };
+            plan.push((t, v, runs));
         }
     }
     Ok(plan)
@@ -178,21 +196,29 @@ pub fn run(a: &SoakArgs) -> Result<(), String> {
     for (t, victim, runs) in plan(a)? {
         let name = format!("{t:?}").to_lowercase();
         if !runs {
-            println!(
-                "soak {name:<4} link faults: skipped (verbs has no byte stream for the fault \
-                 proxy to cut)"
-            );
+            if victim == Victim::Device {
+                println!(
+                    "soak {name:<4} device removal: skipped (an RDMA device fault, verbs only)"
+                );
+            } else {
+                println!(
+                    "soak {name:<4} link faults: skipped (verbs has no byte stream for the fault \
+                     proxy to cut)"
+                );
+            }
             continue;
         }
         let line = match victim {
             Victim::Server => rt.block_on(server_killed(t, a, &dir))?,
             Victim::Client => rt.block_on(clients_killed(t, a, &dir))?,
             Victim::Link => rt.block_on(link_faults(t, a, &dir))?,
+            Victim::Device => rt.block_on(device::device_removed(a, &dir))?,
         };
         println!("{}", line.0);
         if !line.1 {
             bad.push(match victim {
                 Victim::Link => format!("{name} (link faults)"),
+                Victim::Device => format!("{name} (device removal)"),
                 v => format!("{name} ({} killed)", format!("{v:?}").to_lowercase()),
             });
         }
@@ -241,7 +267,7 @@ async fn server_killed(
         _ => None,
     };
     let tally = Arc::new(Tally::default());
-    let (kills, report, baseline) = match (t, verbs) {
+    let (kills, report, baseline) = match (t, verbs.clone()) {
         (SoakTransport::Uds, _) => {
             let addr = UdsAddr(sock.clone());
             drive(UdsTransport::default(), addr, &server, a, &tally).await?
@@ -250,22 +276,34 @@ async fn server_killed(
         _ => drive(TcpTransport::default(), tcp, &server, a, &tally).await?,
     };
     // The clients and their connections are gone; their tasks end within a bound.
-    let after = Resources::settled(&baseline, Instant::now() + Duration::from_secs(10)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let after = Resources::settled(&baseline, deadline).await;
     let (fds, tasks) = after.leaked(&baseline);
+    let registered = match &verbs {
+        Some(v) => Registered::settled(v, deadline).await,
+        None => Registered::default(),
+    };
     let get = |c: &AtomicU64| c.load(Ordering::SeqCst);
     let (calls, answered, failed) = (get(&tally.calls), get(&tally.answered), get(&tally.failed));
     let (lost, misdelivered) = (get(&tally.lost), get(&tally.misdelivered));
     let ended_once = answered + failed + lost == calls;
     let restarted_ok = kills == 0 || get(&tally.answered_after_restart) > 0;
-    let ok = lost == 0 && misdelivered == 0 && fds == 0 && tasks == 0 && ended_once && restarted_ok;
+    let ok = lost == 0
+        && misdelivered == 0
+        && fds == 0
+        && tasks == 0
+        && ended_once
+        && restarted_ok
+        && registered.clean();
     let line = format!(
         "soak {:<4} {calls} calls in {} s by {} clients: {answered} answered, {failed} failed \
          with a typed error; {kills} server kills (SIGKILL), {} connects; lost {lost}, \
-         misdelivered {misdelivered}, leaked {fds} fds and {tasks} tasks (RSS {:+} MiB){}{}",
+         misdelivered {misdelivered}, leaked {fds} fds and {tasks} tasks{} (RSS {:+} MiB){}{}",
         format!("{t:?}").to_lowercase(),
         a.seconds,
         a.clients,
         get(&tally.connects),
+        registered.describe(),
         (after.rss_kib as i64 - baseline.rss_kib as i64) / 1024,
         if report.is_empty() {
             String::new()
@@ -405,6 +443,7 @@ async fn clients_killed(
 ) -> Result<(String, bool), String> {
     let counters = Arc::new(proto::ServerCounters::default());
     let sock = dir.join(format!("{t:?}-clients.sock"));
+    let mut verbs = None;
     let (addr, served) = match t {
         SoakTransport::Uds => {
             let l = UdsTransport::default()
@@ -437,6 +476,7 @@ async fn clients_killed(
                 .listen(&at)
                 .await
                 .map_err(|e| format!("verbs listen on {at}: {e}"))?;
+            verbs = Some(v);
             let c = counters.clone();
             let task = tokio::spawn(async move { proto::serve(l, c).await });
             (at.to_string(), task)
@@ -475,13 +515,18 @@ async fn clients_killed(
     let open = counters.live();
     let after = Resources::settled(&baseline, deadline).await;
     let (fds, tasks) = after.leaked(&baseline);
+    let registered = match &verbs {
+        Some(v) => Registered::settled(v, deadline).await,
+        None => Registered::default(),
+    };
     served.abort();
-    let ok = open == 0 && fds == 0 && tasks == 0 && served_messages > 0;
+    let ok = open == 0 && fds == 0 && tasks == 0 && served_messages > 0 && registered.clean();
     let line = format!(
         "soak {name:<4} {kills} client processes killed (SIGKILL) in {} s, {served_messages} \
-         messages served; left open {open} connections, leaked {fds} fds and {tasks} tasks \
-         (RSS {:+} MiB){}",
+         messages served; left open {open} connections, leaked {fds} fds and {tasks} \
+         tasks{} (RSS {:+} MiB){}",
         a.seconds,
+        registered.describe(),
         (after.rss_kib as i64 - baseline.rss_kib as i64) / 1024,
         if ok { "" } else { " FAILED" },
     );
@@ -771,6 +816,43 @@ impl Restartable {
 fn free_tcp_addr() -> Result<std::net::SocketAddr, String> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
     l.local_addr().map_err(|e| format!("local addr: {e}"))
+}
+
+/// A verbs transport's connections and registered memory once a run has settled: no
+/// connection may be left, and no pool buffer lent out (a message, READ target or payload
+/// never given back: see `MemoryUse::lent_bytes`). Empty for the socket transports.
+#[derive(Debug, Default)]
+struct Registered(Option<transport_verbs::MemoryUse>);
+
+impl Registered {
+    /// The transport's use once nothing is left, or at `deadline`.
+    async fn settled(v: &transport_verbs::VerbsTransport, deadline: Instant) -> Registered {
+        loop {
+            let m = v.memory_use();
+            if (m.connections == 0 && m.lent_bytes == 0) || Instant::now() >= deadline {
+                return Registered(Some(m));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn clean(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|m| m.connections == 0 && m.lent_bytes == 0)
+    }
+
+    /// `, 0 verbs connections and 0 B lent of 12 MiB registered` (empty for sockets).
+    fn describe(&self) -> String {
+        self.0.as_ref().map_or_else(String::new, |m| {
+            format!(
+                ", {} verbs connections and {} B lent of {} MiB registered",
+                m.connections,
+                m.lent_bytes,
+                m.registered_bytes >> 20
+            )
+        })
+    }
 }
 
 /// What the process holds: descriptors, runtime tasks, resident memory.

@@ -921,15 +921,17 @@ fn run_target(
         ),
     );
     // Faults over time on verbs (`bench soak`): the server process SIGKILLed and restarted
-    // under 4 clients, then the clients' process; fails on a lost, misdelivered or leaked
-    // call, or a connection, descriptor or task the server kept. Every 1.5 s: a debug
-    // build under emulation takes a while to listen again.
+    // under 4 clients, then the clients' process, then the device deleted under verbs and
+    // Unix-socket clients and added back; fails on a lost, misdelivered or leaked call, a
+    // connection, descriptor, task or lent buffer kept, or a removal that does not finish.
+    // Every 1.5 s: a debug build under emulation takes a while to listen again.
     s.step(
         "bench:verbs-soak",
         TEST_TIMEOUT,
         &format!(
             "{guest_bench} soak --transports verbs --verbs-addr \"$TB_IP_ADDR:7471\" \
-             --seconds 10 --clients 4 --kill-every-ms 1500"
+             --seconds 10 --clients 4 --kill-every-ms 1500 --kill server,client,device \
+             --remove-device \"$TB_DEV:$TB_NETDEV\""
         ),
     );
     // The device deleted while connections run, then added back (transport-verbs'
