@@ -292,7 +292,24 @@ pub(crate) fn start(est: Established) -> Result<VerbsConnection, TransportError>
         weak.upgrade()
             .is_some_and(|core| core.try_lock().is_ok_and(|mut core| core.reclaim()))
     });
-    res.cq_route.handle_events(on_event, reclaim);
+    #[cfg(feature = "test-hooks")]
+    let break_qp: OnEvent = {
+        let (weak, shared) = (Arc::downgrade(&core), shared.clone());
+        Arc::new(move || {
+            let Some(core) = weak.upgrade() else {
+                return false;
+            };
+            let broke = lock(&core).break_qp();
+            shared.kick.notify_one();
+            broke
+        })
+    };
+    res.cq_route.handle_events(
+        on_event,
+        reclaim,
+        #[cfg(feature = "test-hooks")]
+        break_qp,
+    );
     let driver = Driver {
         cq_route: Some(res.cq_route),
         core,
@@ -978,6 +995,22 @@ impl Core {
         Ok(())
     }
 
+    /// Test hook: moves the queue pair to the error state, as a device fault would (the
+    /// flushed work requests surface as errors); whether it did (`false` once it has ended).
+    #[cfg(feature = "test-hooks")]
+    fn break_qp(&mut self) -> bool {
+        if self.ep.is_none() || self.ended || self.failed.is_some() {
+            return false;
+        }
+        self.qp_error_injected = true;
+        if let Err(e) = self.ep().set_error() {
+            let f = device_fail("ibv_modify_qp (error state)", &self.device.clone(), e);
+            self.fail(f);
+        }
+        self.active();
+        true
+    }
+
     fn on_cm(&mut self, kind: Option<EventType>) {
         match kind {
             Some(EventType::DeviceRemoval) => {
@@ -1363,17 +1396,7 @@ impl VerbsSender {
     /// pending and later operation fails with a typed error.
     #[cfg(feature = "test-hooks")]
     pub async fn inject_qp_error(&mut self) {
-        let mut core = lock(&self.core);
-        if core.ep.is_none() || core.ended {
-            return;
-        }
-        // Test hook: the flushed work requests surface as errors, like a real fault.
-        core.qp_error_injected = true;
-        if let Err(e) = core.ep().set_error() {
-            let f = device_fail("ibv_modify_qp (error state)", &core.device.clone(), e);
-            core.fail(f);
-        }
-        core.active();
+        lock(&self.core).break_qp();
         self.shared.kick.notify_one();
     }
 }

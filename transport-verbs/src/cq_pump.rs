@@ -49,6 +49,9 @@ struct Route {
     on_event: Option<OnEvent>,
     /// Drains the connection's CQ when the shared receive queue runs low.
     reclaim: Option<OnEvent>,
+    /// Test hook: moves the connection's queue pair to the error state.
+    #[cfg(feature = "test-hooks")]
+    break_qp: Option<OnEvent>,
 }
 
 /// A shared receive queue whose low-water events a pump serves.
@@ -167,6 +170,8 @@ impl CqPump {
                 metrics,
                 on_event: None,
                 reclaim: None,
+                #[cfg(feature = "test-hooks")]
+                break_qp: None,
             },
         );
         CqRoute {
@@ -178,6 +183,22 @@ impl CqPump {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Route>> {
         self.routes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Test hook: moves the queue pair of the `turn`-th connection on this device (modulo
+    /// their number, in no particular order) to the error state; whether one was broken.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn break_one_qp(&self, turn: usize) -> bool {
+        let hooks: Vec<OnEvent> = self
+            .lock()
+            .values()
+            .filter_map(|r| r.break_qp.clone())
+            .collect();
+        if hooks.is_empty() {
+            return false;
+        }
+        let n = hooks.len();
+        (0..n).any(|i| hooks[(turn + i) % n]())
     }
 }
 
@@ -199,12 +220,21 @@ impl CqRoute {
     /// returns whether it did; the owner is woken only when it could not), and when the
     /// device's shared receive queue runs low (`reclaim` drains the CQ, returning whether it
     /// took anything).
-    pub(crate) fn handle_events(&self, on_event: OnEvent, reclaim: OnEvent) {
+    pub(crate) fn handle_events(
+        &self,
+        on_event: OnEvent,
+        reclaim: OnEvent,
+        #[cfg(feature = "test-hooks")] break_qp: OnEvent,
+    ) {
         let mut routes = self.pump.lock();
         if let Some(r) = routes.get_mut(&self.cq_key) {
             if Arc::ptr_eq(&r.wake, &self.wake) {
                 r.on_event = Some(on_event);
                 r.reclaim = Some(reclaim);
+                #[cfg(feature = "test-hooks")]
+                {
+                    r.break_qp = Some(break_qp);
+                }
             }
         }
     }

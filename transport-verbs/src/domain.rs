@@ -293,6 +293,17 @@ impl Domains {
         }
     }
 
+    /// Test hook: breaks the queue pair of one live connection (the `turn`-th, in no
+    /// particular order); whether there was one.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn break_one_qp(&self, turn: usize) -> bool {
+        let pumps: Vec<Arc<CqPump>> = {
+            let map = self.by_context.lock().unwrap_or_else(|p| p.into_inner());
+            map.values().map(|e| e.cq_pump.clone()).collect()
+        };
+        pumps.iter().any(|p| p.break_one_qp(turn))
+    }
+
     /// What each device this transport has connected through can do.
     pub(crate) fn caps(&self) -> Vec<Arc<DeviceCaps>> {
         let map = self.by_context.lock().unwrap_or_else(|p| p.into_inner());

@@ -429,6 +429,15 @@ impl VerbsTransport {
         self.domains.memory_use()
     }
 
+    /// Test hook (feature `test-hooks`): moves the queue pair of one live connection of this
+    /// transport (the `turn`-th, in no particular order) to the error state, as a device fault
+    /// would: its pending and later operations fail with a typed error and its peer sees the
+    /// connection end. Whether there was a connection to break. For fault soaks.
+    #[cfg(feature = "test-hooks")]
+    pub fn inject_qp_error_on_one(&self, turn: usize) -> bool {
+        self.domains.break_one_qp(turn)
+    }
+
     /// What each device this transport has made a connection on can do (probed at its first
     /// connection), and so the paths its connections take there ([`DeviceCaps::paths`]).
     pub fn device_caps(&self) -> Vec<DeviceCaps> {

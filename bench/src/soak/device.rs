@@ -18,7 +18,9 @@ use transport_core::Transport;
 use transport_uds::{UdsAddr, UdsTransport};
 use transport_verbs::{VerbsConfig, VerbsTransport};
 
-use super::{client, Registered, Resources, SoakArgs, Tally, CALL_BOUND, RESTART_BOUND};
+use super::{
+    client, served_none, stop_clients, Registered, Resources, SoakArgs, Tally, RESTART_BOUND,
+};
 use crate::proto;
 
 /// How long `rdma link delete` may take once it started: the connections fail at once, the
@@ -123,10 +125,7 @@ pub(super) async fn device_removed(
     if let Some(c) = super::connect(&uds, &sock).await {
         let _ = tokio::time::timeout(Duration::from_secs(5), c.close()).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while counters.live() > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    served_none(&counters, Instant::now() + Duration::from_secs(5)).await;
     let baseline = Resources::now();
 
     let (vt, ut) = (Arc::new(Tally::default()), Arc::new(Tally::default()));
@@ -183,16 +182,7 @@ pub(super) async fn device_removed(
         ))
     };
     let outcome = run.await;
-    stop.store(true, Ordering::SeqCst);
-    let joined = tokio::time::timeout(CALL_BOUND + Duration::from_secs(10), async {
-        while let Some(r) = clients.join_next().await {
-            r.map_err(|e| format!("a client task failed: {e}"))?;
-        }
-        Ok::<_, String>(())
-    })
-    .await
-    .map_err(|_| "the clients did not stop in time".to_string())?;
-    joined?;
+    stop_clients(&stop, &mut clients).await?;
     let (removal, verbs_before, uds_during, listener_end, served) = outcome?;
     served.abort();
     uds_served.abort();

@@ -33,7 +33,10 @@
 //! A fourth victim, `device` (verbs only, not in the default; needs `--remove-device
 //! DEVICE:NETDEV` and root), deletes the RDMA device with `rdma link delete` halfway through
 //! and adds it back (the [`device`] module): every verbs call ends, Unix-socket calls beside
-//! them go on, the delete returns, and the verbs clients are answered again afterwards.
+//! them go on, the delete returns, and the verbs clients are answered again afterwards. A
+//! fifth, `qp` (verbs only, not in the default), forces one live connection's queue pair to
+//! the error state at a time, on the server's and the clients' side in turn (the [`qp`]
+//! module).
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -51,6 +54,7 @@ use crate::proto;
 
 mod device;
 pub mod proxy;
+mod qp;
 
 use proxy::{Endpoint, Fault, Proxy, Toward};
 
@@ -112,6 +116,9 @@ pub enum Victim {
     /// The RDMA device (verbs, with `--remove-device`): deleted with `rdma link delete` under
     /// verbs clients and server here, Unix-socket ones beside them, then added back.
     Device,
+    /// Queue pairs (verbs): one live connection's forced to the error state at a time, on the
+    /// server's and the clients' side in turn; clients and server here.
+    Qp,
 }
 
 /// The hidden `bench soak-client`: clients calling until the process is killed.
@@ -178,7 +185,7 @@ fn plan(a: &SoakArgs) -> Result<Vec<(SoakTransport, Victim, bool)>, String> {
         for &v in &victims {
             let runs = match v {
                 Victim::Link => t != SoakTransport::Verbs,
-                Victim::Device => t == SoakTransport::Verbs,
+                Victim::Device | Victim::Qp => t == SoakTransport::Verbs,
                 Victim::Server | Victim::Client => true,
             };
             plan.push((t, v, runs));
@@ -196,10 +203,8 @@ pub fn run(a: &SoakArgs) -> Result<(), String> {
     for (t, victim, runs) in plan(a)? {
         let name = format!("{t:?}").to_lowercase();
         if !runs {
-            if victim == Victim::Device {
-                println!(
-                    "soak {name:<4} device removal: skipped (an RDMA device fault, verbs only)"
-                );
+            if matches!(victim, Victim::Device | Victim::Qp) {
+                println!("soak {name:<4} {victim:?} faults: skipped (an RDMA fault, verbs only)");
             } else {
                 println!(
                     "soak {name:<4} link faults: skipped (verbs has no byte stream for the fault \
@@ -213,12 +218,14 @@ pub fn run(a: &SoakArgs) -> Result<(), String> {
             Victim::Client => rt.block_on(clients_killed(t, a, &dir))?,
             Victim::Link => rt.block_on(link_faults(t, a, &dir))?,
             Victim::Device => rt.block_on(device::device_removed(a, &dir))?,
+            Victim::Qp => rt.block_on(qp::qp_faults(a))?,
         };
         println!("{}", line.0);
         if !line.1 {
             bad.push(match victim {
                 Victim::Link => format!("{name} (link faults)"),
                 Victim::Device => format!("{name} (device removal)"),
+                Victim::Qp => format!("{name} (queue pair errors)"),
                 v => format!("{name} ({} killed)", format!("{v:?}").to_lowercase()),
             });
         }
@@ -358,21 +365,9 @@ where
         }
         generation.fetch_add(1, Ordering::SeqCst);
     }
-    stop.store(true, Ordering::SeqCst);
-    let joined = tokio::time::timeout(CALL_BOUND + Duration::from_secs(10), async {
-        while let Some(r) = clients.join_next().await {
-            if let Err(e) = r {
-                return Err(format!("a client task failed: {e}"));
-            }
-        }
-        Ok(())
-    })
-    .await;
+    let joined = stop_clients(&stop, &mut clients).await;
     kill(&mut child)?;
-    match joined {
-        Ok(r) => r?,
-        Err(_) => return Err("the clients did not stop in time".into()),
-    }
+    joined?;
     Ok((kills, note, baseline))
 }
 
@@ -509,10 +504,7 @@ async fn clients_killed(
     // Every connection of a killed child ends (a reset stream, a disconnect, a keepalive at
     // worst on TCP within the bound of an idle peer: none here, the kernel closes them).
     let deadline = Instant::now() + Duration::from_secs(20);
-    while counters.live() > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let open = counters.live();
+    let open = served_none(&counters, deadline).await;
     let after = Resources::settled(&baseline, deadline).await;
     let (fds, tasks) = after.leaked(&baseline);
     let registered = match &verbs {
@@ -623,18 +615,7 @@ async fn link_faults(
             turn += 1;
         }
     }
-    stop.store(true, Ordering::SeqCst);
-    let joined = tokio::time::timeout(CALL_BOUND + Duration::from_secs(10), async {
-        while let Some(r) = clients.join_next().await {
-            if let Err(e) = r {
-                return Err(format!("a client task failed: {e}"));
-            }
-        }
-        Ok(())
-    })
-    .await
-    .unwrap_or_else(|_| Err("the clients did not stop in time".into()));
-    if let Err(e) = joined {
+    if let Err(e) = stop_clients(&stop, &mut clients).await {
         served.abort();
         return Err(e);
     }
@@ -642,10 +623,7 @@ async fn link_faults(
     // end within a bound.
     let deadline = Instant::now() + Duration::from_secs(20);
     let _ = tokio::time::timeout_at(deadline.into(), proxy.idle()).await;
-    while counters.live() > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let open = counters.live() + proxy.live();
+    let open = served_none(&counters, deadline).await + proxy.live();
     let after = Resources::settled(&baseline, deadline).await;
     let (fds, tasks) = after.leaked(&baseline);
     served.abort();
@@ -853,6 +831,30 @@ impl Registered {
             )
         })
     }
+}
+
+/// Stops the clients and waits (bounded by a call's bound) for every one to end.
+async fn stop_clients(
+    stop: &AtomicBool,
+    clients: &mut tokio::task::JoinSet<()>,
+) -> Result<(), String> {
+    stop.store(true, Ordering::SeqCst);
+    tokio::time::timeout(CALL_BOUND + Duration::from_secs(10), async {
+        while let Some(r) = clients.join_next().await {
+            r.map_err(|e| format!("a client task failed: {e}"))?;
+        }
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|_| Err("the clients did not stop in time".into()))
+}
+
+/// Waits until the server serves no connection, or `deadline`; how many it still serves.
+async fn served_none(counters: &proto::ServerCounters, deadline: Instant) -> usize {
+    while counters.live() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    counters.live()
 }
 
 /// What the process holds: descriptors, runtime tasks, resident memory.

@@ -921,8 +921,8 @@ fn run_target(
         ),
     );
     // Faults over time on verbs (`bench soak`): the server process SIGKILLed and restarted
-    // under 4 clients, then the clients' process, then the device deleted under verbs and
-    // Unix-socket clients and added back; fails on a lost, misdelivered or leaked call, a
+    // under 4 clients, then the clients' process, then queue pairs forced to error one at a
+    // time, then the device deleted under verbs and Unix-socket clients and added back; fails on a lost, misdelivered or leaked call, a
     // connection, descriptor, task or lent buffer kept, or a removal that does not finish.
     // Every 1.5 s: a debug build under emulation takes a while to listen again.
     s.step(
@@ -930,7 +930,7 @@ fn run_target(
         TEST_TIMEOUT,
         &format!(
             "{guest_bench} soak --transports verbs --verbs-addr \"$TB_IP_ADDR:7471\" \
-             --seconds 10 --clients 4 --kill-every-ms 1500 --kill server,client,device \
+             --seconds 10 --clients 4 --kill-every-ms 1500 --kill server,client,qp,device \
              --remove-device \"$TB_DEV:$TB_NETDEV\""
         ),
     );
