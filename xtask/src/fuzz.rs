@@ -194,22 +194,16 @@ fn run_target(bin: &Path, name: &str, seconds: u64) -> Result<String, String> {
     // target that stopped answering altogether.
     let limit = Duration::from_secs(seconds + 300);
     let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if start.elapsed() >= limit => {
-                sys::kill_group(child.id());
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "fuzz {name}: still running after {}s; log: {}",
-                    limit.as_secs(),
-                    log.display()
-                ));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(200)),
-            Err(e) => return Err(format!("waiting for fuzz {name}: {e}")),
+    let status = match crate::util::wait_or_kill(&mut child, limit) {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            return Err(format!(
+                "fuzz {name}: still running after {}s; log: {}",
+                limit.as_secs(),
+                log.display()
+            ))
         }
+        Err(e) => return Err(format!("waiting for fuzz {name}: {e}")),
     };
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     if !status.success() {

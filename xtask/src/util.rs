@@ -56,25 +56,35 @@ pub fn run_with_timeout_in(
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot start `{program}`: {e}"))?;
+    match wait_or_kill(&mut child, limit) {
+        Ok(Some(status)) if status.success() => Ok(()),
+        Ok(Some(status)) => Err(format!("`{program} {}` failed ({status})", args.join(" "))),
+        Ok(None) => Err(format!(
+            "`{program} {}` did not finish within {}s and was killed",
+            args.join(" "),
+            limit.as_secs()
+        )),
+        Err(e) => Err(format!("waiting for `{program}`: {e}")),
+    }
+}
+
+/// Waits for `child` (started in a group of its own, [`sys::own_group_dying_with_parent`]);
+/// after `limit`, kills it and every process it started and returns `None`.
+pub fn wait_or_kill(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> std::io::Result<Option<std::process::ExitStatus>> {
     let start = Instant::now();
     loop {
-        match child.try_wait() {
-            Ok(Some(status)) if status.success() => return Ok(()),
-            Ok(Some(status)) => {
-                return Err(format!("`{program} {}` failed ({status})", args.join(" ")))
-            }
-            Ok(None) if start.elapsed() >= limit => {
+        match child.try_wait()? {
+            Some(status) => return Ok(Some(status)),
+            None if start.elapsed() >= limit => {
                 sys::kill_group(child.id());
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!(
-                    "`{program} {}` did not finish within {}s and was killed",
-                    args.join(" "),
-                    limit.as_secs()
-                ));
+                return Ok(None);
             }
-            Ok(None) => std::thread::sleep(Duration::from_millis(200)),
-            Err(e) => return Err(format!("waiting for `{program}`: {e}")),
+            None => std::thread::sleep(Duration::from_millis(200)),
         }
     }
 }

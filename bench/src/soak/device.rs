@@ -111,11 +111,7 @@ pub(super) async fn device_removed(
     let served = tokio::spawn(proto::serve(listener, counters.clone()));
     let sock = UdsAddr(dir.join("device-uds.sock"));
     let uds = UdsTransport::default();
-    let ul = uds
-        .listen(&sock)
-        .await
-        .map_err(|e| format!("listen on {}: {e}", sock.0.display()))?;
-    let uds_served = tokio::spawn(proto::serve(ul, counters.clone()));
+    let uds_served = super::serve_uds(&sock.0, &counters).await?;
     // The baseline is what the process holds once each transport has served a connection
     // (the device's completion channel and librdmacm's contexts are open by then), and again
     // after the device came back.

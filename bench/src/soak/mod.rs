@@ -440,23 +440,12 @@ async fn clients_killed(
     let sock = dir.join(format!("{t:?}-clients.sock"));
     let mut verbs = None;
     let (addr, served) = match t {
-        SoakTransport::Uds => {
-            let l = UdsTransport::default()
-                .listen(&UdsAddr(sock.clone()))
-                .await
-                .map_err(|e| format!("listen on {}: {e}", sock.display()))?;
-            let c = counters.clone();
-            let task = tokio::spawn(async move { proto::serve(l, c).await });
-            (sock.display().to_string(), task)
-        }
+        SoakTransport::Uds => (
+            sock.display().to_string(),
+            serve_uds(&sock, &counters).await?,
+        ),
         SoakTransport::Tcp => {
-            let l = TcpTransport::default()
-                .listen(&"127.0.0.1:0".parse().expect("an address"))
-                .await
-                .map_err(|e| format!("tcp listen: {e}"))?;
-            let at = transport_core::Listener::local_addr(&l).map_err(|e| e.to_string())?;
-            let c = counters.clone();
-            let task = tokio::spawn(async move { proto::serve(l, c).await });
+            let (at, task) = serve_tcp(&counters).await?;
             (at.to_string(), task)
         }
         SoakTransport::Verbs => {
@@ -553,23 +542,12 @@ async fn link_faults(
     let (upstream, listen, served) = match t {
         SoakTransport::Uds => {
             let sock = dir.join("link-server.sock");
-            let l = UdsTransport::default()
-                .listen(&UdsAddr(sock.clone()))
-                .await
-                .map_err(|e| format!("listen on {}: {e}", sock.display()))?;
-            let c = counters.clone();
-            let task = tokio::spawn(async move { proto::serve(l, c).await });
+            let task = serve_uds(&sock, &counters).await?;
             let proxy_at = Endpoint::Unix(dir.join("link-proxy.sock"));
             (Endpoint::Unix(sock), proxy_at, task)
         }
         SoakTransport::Tcp => {
-            let l = TcpTransport::default()
-                .listen(&"127.0.0.1:0".parse().expect("an address"))
-                .await
-                .map_err(|e| format!("tcp listen: {e}"))?;
-            let at = transport_core::Listener::local_addr(&l).map_err(|e| e.to_string())?;
-            let c = counters.clone();
-            let task = tokio::spawn(async move { proto::serve(l, c).await });
+            let (at, task) = serve_tcp(&counters).await?;
             let proxy_at = Endpoint::Tcp("127.0.0.1:0".parse().expect("an address"));
             (Endpoint::Tcp(at), proxy_at, task)
         }
@@ -832,6 +810,33 @@ impl Registered {
         })
     }
 }
+
+/// A TCP server of the bench's protocol on a free loopback port: its address and its task.
+async fn serve_tcp(
+    counters: &Arc<proto::ServerCounters>,
+) -> Result<(std::net::SocketAddr, Served), String> {
+    let l = TcpTransport::default()
+        .listen(&"127.0.0.1:0".parse().expect("an address"))
+        .await
+        .map_err(|e| format!("tcp listen: {e}"))?;
+    let at = transport_core::Listener::local_addr(&l).map_err(|e| e.to_string())?;
+    Ok((at, tokio::spawn(proto::serve(l, counters.clone()))))
+}
+
+/// A Unix-socket server of the bench's protocol at `sock`: its task.
+async fn serve_uds(
+    sock: &std::path::Path,
+    counters: &Arc<proto::ServerCounters>,
+) -> Result<Served, String> {
+    let l = UdsTransport::default()
+        .listen(&UdsAddr(sock.to_path_buf()))
+        .await
+        .map_err(|e| format!("listen on {}: {e}", sock.display()))?;
+    Ok(tokio::spawn(proto::serve(l, counters.clone())))
+}
+
+/// A server task of [`proto::serve`].
+type Served = tokio::task::JoinHandle<Result<(), transport_core::TransportError>>;
 
 /// Stops the clients and waits (bounded by a call's bound) for every one to end.
 async fn stop_clients(
