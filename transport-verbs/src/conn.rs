@@ -34,7 +34,7 @@ use crate::config::VerbsConfig;
 use crate::cq_pump::{CqRoute, OnEvent};
 use crate::engine::{self, Engine, OutMsg, RecvBuf, Work, MAX_WRS_PER_WORK};
 use crate::error::{VerbsError, WorkRequestKind};
-use crate::ffi::{Completion, Endpoint, HeldBytes, ReadSpec, SqLocal, WcFailure};
+use crate::ffi::{Completion, Endpoint, HeldBytes, InPlace, ReadSpec, SqLocal, WcFailure};
 use crate::pool::{Pool, PoolBuf};
 use crate::proto::TH_LEN;
 
@@ -670,7 +670,15 @@ impl Core {
             Ok(n) => n,
             Err(e) => return Err(device_fail("ibv_poll_cq", &self.device, e)),
         };
+        self.completions = comps;
         self.metrics.completions.add(n as u64);
+        self.feed_completions()?;
+        Ok(n)
+    }
+
+    /// Feeds the completions polled into `self.completions` to the engine, in order.
+    fn feed_completions(&mut self) -> Result<(), Fail> {
+        let mut comps = std::mem::take(&mut self.completions);
         let mut result = Ok(());
         for c in comps.drain(..) {
             if result.is_ok() {
@@ -678,8 +686,53 @@ impl Core {
             }
         }
         self.completions = comps;
-        result?;
-        Ok(n)
+        result
+    }
+
+    /// The receiving half's look at the CQ, on its own task, with nothing delivered ahead:
+    /// one completion polled; a plain small message ([`Engine::recv_small`]) is checked,
+    /// copied and its buffer posted again in place in one go, and returned, with a step of the
+    /// engine only when it has work ([`Engine::has_work`]) or a sender waits for room. Any
+    /// other completion takes the generic path ([`Core::drain_cq`], which steps and drains
+    /// the rest). Returns the message, if one came this way, and the completions seen.
+    fn receive_small(&mut self) -> (Option<Message>, usize) {
+        if !self.usable() {
+            return (None, 0);
+        }
+        let mut comps = std::mem::take(&mut self.completions);
+        let Some(ep) = self.ep.as_mut() else {
+            return (None, 0);
+        };
+        let engine = &mut self.engine;
+        let polled = ep.poll_recv_in_place(|b| engine.recv_small(b), &mut comps);
+        self.completions = comps;
+        match polled {
+            Ok(InPlace::Empty) => (None, 0),
+            Ok(InPlace::Taken(m)) => {
+                self.metrics.completions.incr();
+                let room = self.shared.room_wanted.load(Ordering::Acquire);
+                if self.timeout_due || room || self.engine.has_work() {
+                    if let Err(f) = self.step() {
+                        self.fail(f);
+                    }
+                }
+                (Some(m), 1)
+            }
+            Ok(InPlace::Other) => {
+                self.metrics.completions.incr();
+                let fed = self.feed_completions().and_then(|()| self.step());
+                if let Err(f) = fed {
+                    self.fail(f);
+                    return (None, 1);
+                }
+                (None, 1 + self.drain_cq())
+            }
+            Err(e) => {
+                let f = device_fail("ibv_poll_cq", &self.device, e);
+                self.fail(f);
+                (None, 1)
+            }
+        }
     }
 
     /// The engine acts: deadlines, the application's backlog, deliveries, work to post.
@@ -1571,12 +1624,15 @@ impl VerbsReceiver {
             return Look::Got(d);
         }
         core.receiver_turn = true;
-        let took = core.progress_if_any();
+        let (small, took) = core.receive_small();
         core.receiver_turn = false;
         if took == 0 {
             return Look::Nothing;
         }
         core.acted();
+        if let Some(m) = small {
+            return Look::Got(ToApp::Msg(m));
+        }
         // A failure on the way went through the channel, after what was ready.
         if !self.rx.is_empty() {
             return Look::Again;

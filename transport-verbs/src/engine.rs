@@ -712,6 +712,71 @@ impl<P> Engine<P> {
         Ok(keep)
     }
 
+    /// The receiving half's fast path (`conn.rs`, `Core::receive_small`): a plain eager
+    /// message small enough to be copied, arriving with nothing ahead of it (no delivery
+    /// waiting, the handshake done, the application not behind, no linger running, the peer
+    /// not closed), is checked as [`Engine::on_recv`] checks it and returned at once, its
+    /// buffer's credit owed as there: the caller posts the same buffer again. `None`: nothing
+    /// changed, and the message takes `on_recv` (which reports any violation).
+    pub(crate) fn recv_small(&mut self, msg: &[u8]) -> Option<Message> {
+        let peer = self.peer?;
+        let clear = !self.failed
+            && !self.peer_closed
+            && !self.receiver_gone
+            && self.inbound.is_empty()
+            && self.peer_credits > 0
+            && self.linger_deadline == Deadline::Off;
+        if !clear {
+            return None;
+        }
+        let (th, header, off) = Th::decode(msg).ok()?;
+        // `decode` checked that an eager message carries exactly its announced length.
+        let plen = th.len as usize;
+        if th.kind != Kind::Eager
+            || plen >= self.cfg.zero_copy_recv_min
+            || header.len() + plen > self.cfg.max_message_size
+            // Counted as delivered and not taken, as `on_recv` counts it: withheld when behind.
+            || self.backlog + 1 >= self.cfg.backlog_max
+            || self.backlog_bytes + plen as u64 >= self.cfg.backlog_bytes
+        {
+            return None;
+        }
+        let credits = self
+            .credits
+            .checked_add(th.credits as u32)
+            .filter(|&c| c <= peer.depth)?;
+        self.peer_credits -= 1;
+        self.credits = credits;
+        self.metrics.bytes_received.add((off + plen) as u64);
+        self.metrics.payload_bytes_copied.add(plen as u64);
+        self.owed += 1;
+        let payload = self.small.copy(&msg[off..off + plen]);
+        Some(Message::new(header, payload))
+    }
+
+    /// Whether a step would find anything to do ([`Engine::poll_work`], deadlines, withheld
+    /// credits): after a fast receive or send, the glue steps only then.
+    pub(crate) fn has_work(&self) -> bool {
+        !self.hello_sent
+            || !self.outq.is_empty()
+            || !self.fins.is_empty()
+            || !self.unexpose.is_empty()
+            || !self.read_queue.is_empty()
+            || self.withheld > 0
+            || self.credit_due()
+            || self.needs_clock()
+    }
+
+    /// Credits go on their own (a CREDIT) when enough are owed and nothing carried them: at
+    /// least 2, since a CREDIT costs the peer one buffer, which must not trigger a CREDIT back;
+    /// and at once when a FIN's buffer is owed to a peer left with fewer than two credits (its
+    /// next FIN would wait for them).
+    fn credit_due(&self) -> bool {
+        let threshold = (self.cfg.recv_depth / 4).max(2);
+        let fin_short = self.fin_owed && self.peer_credits < 2;
+        (self.owed >= threshold || fin_short) && self.owed > 0 && self.credits >= 1
+    }
+
     fn check_hello(&self, th: &Th) -> Result<Peer, ProtocolViolation> {
         let version = th.hello_version();
         if version != VERSION {
@@ -860,13 +925,7 @@ impl<P> Engine<P> {
         } else if let Some(w) = self.next_out(peer) {
             return Some(w);
         }
-        // Grant credits on their own when enough are owed and nothing carried them.
-        // At least 2: a CREDIT costs the peer one buffer, which must not trigger a CREDIT back.
-        // And at once when a FIN's buffer is owed to a peer left with fewer than two credits
-        // (its next FIN would wait for them).
-        let threshold = (self.cfg.recv_depth / 4).max(2);
-        let fin_short = self.fin_owed && self.peer_credits < 2;
-        if (self.owed >= threshold || fin_short) && self.owed > 0 && self.credits >= 1 {
+        if self.credit_due() {
             return Some(self.control(Th::new(Kind::Credit)));
         }
         None

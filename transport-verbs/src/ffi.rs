@@ -787,6 +787,17 @@ impl WrLists {
 /// Work completions read by one [`Endpoint::poll`], at most.
 pub(crate) const POLL_BATCH: usize = 32;
 
+/// What [`Endpoint::poll_recv_in_place`] found.
+pub(crate) enum InPlace<R> {
+    /// The CQ was empty.
+    Empty,
+    /// A receive its caller took: the buffer is posted again.
+    Taken(R),
+    /// A completion for the generic path, pushed to `others` (or, never expected, one that
+    /// names no buffer of ours, ignored).
+    Other,
+}
+
 /// A connected RC queue pair with its completion queue and channel, the owners of every
 /// buffer the device may still be using, and the memory windows that expose payloads.
 pub(crate) struct Endpoint<B: LocalMemory> {
@@ -1359,6 +1370,28 @@ impl<B: LocalMemory> Endpoint<B> {
                 "poll_one: the QP receives through the shared queue",
             ));
         }
+        let copy = |got: &[u8]| {
+            let k = got.len().min(into.len());
+            into[..k].copy_from_slice(&got[..k]);
+            Some(got.len())
+        };
+        Ok(match self.poll_recv_in_place(copy, others)? {
+            InPlace::Taken(len) => Some(len),
+            InPlace::Empty | InPlace::Other => None,
+        })
+    }
+
+    /// Polls one completion: the receiving half's fast path for a small message (poll, check,
+    /// copy, post again, in one go). A successful receive's bytes are shown to `take`; when it
+    /// returns a value (it copied what it needs), the same buffer is posted again at once in
+    /// place, on the QP's own receive queue or the shared one, and the value is returned.
+    /// Anything else (`take` declines, a send completion, a failed receive) goes to `others`
+    /// as [`Endpoint::poll`] would report it.
+    pub(crate) fn poll_recv_in_place<R>(
+        &mut self,
+        take: impl FnOnce(&[u8]) -> Option<R>,
+        others: &mut Vec<Completion<B>>,
+    ) -> io::Result<InPlace<R>> {
         let mut wc = std::mem::MaybeUninit::<sys::ibv_wc>::uninit();
         // SAFETY: room for one entry; ibv_poll_cq writes at most that many and returns how
         // many it wrote (or a negative error). The CQ is valid while `self.cq` lives.
@@ -1367,56 +1400,93 @@ impl<B: LocalMemory> Endpoint<B> {
             return Err(io::Error::from_raw_os_error(-n));
         }
         if n == 0 {
-            return Ok(None);
+            return Ok(InPlace::Empty);
         }
         // SAFETY: ibv_poll_cq initialised the one entry it reported.
         let wc = unsafe { wc.assume_init() };
         let status = wc_status(&wc);
+        if wc.wr_id & RECV_BIT == 0 {
+            self.complete_sq(wc.wr_id, status, others);
+            return Ok(InPlace::Other);
+        }
         let slot = (wc.wr_id & !RECV_BIT) as usize;
-        if wc.wr_id & RECV_BIT == 0 || status.is_err() {
-            if wc.wr_id & RECV_BIT == 0 {
-                self.complete_sq(wc.wr_id, status, others);
-            } else if let Some(buf) = self.recv.get_mut(slot).and_then(Option::take) {
-                self.recv_free.push(slot);
-                others.push(Completion::Recv {
-                    buf,
-                    len: 0,
-                    status,
-                });
+        // The buffer's memory, left where it is: only a completion naming its slot takes it
+        // out, and this is that completion.
+        let mem = match &self.srq {
+            Some(srq) => srq.peek(slot),
+            None => self
+                .recv
+                .get(slot)
+                .and_then(Option::as_ref)
+                .map(|b| (b.addr(), b.len(), b.lkey())),
+        };
+        let Some((addr, cap, lkey)) = mem else {
+            return Ok(InPlace::Other); // not ours (cannot happen): ignore rather than crash
+        };
+        let taken = if status.is_ok() {
+            let len = (wc.byte_len as usize).min(cap);
+            // SAFETY: `addr..addr + cap` is the registered memory of the buffer in `slot`
+            // (`LocalMemory`), which stays in its table (the SRQ's, kept alive by `self.srq`, or
+            // `self.recv`) until a completion naming the slot takes it; `len <= cap`; the device
+            // wrote it before this completion and writes it again only after the post below.
+            let got = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+            take(got)
+        } else {
+            None
+        };
+        let Some(r) = taken else {
+            // The generic path, as `poll` reports it.
+            let buf = match &self.srq {
+                Some(srq) => {
+                    self.srq_took = true;
+                    srq.take(slot)
+                }
+                None => self.recv.get_mut(slot).and_then(Option::take).inspect(|_| {
+                    self.recv_free.push(slot);
+                }),
+            };
+            if let Some(buf) = buf {
+                let len = (wc.byte_len as usize).min(buf.len());
+                others.push(Completion::Recv { buf, len, status });
             }
-            return Ok(None);
+            return Ok(InPlace::Other);
+        };
+        let sge = sys::ibv_sge {
+            addr: addr as u64,
+            length: cap.min(u32::MAX as usize) as u32,
+            lkey,
+        };
+        match &self.srq {
+            Some(srq) => {
+                if let Err(e) = srq.repost(slot, sge) {
+                    self.srq_took = true;
+                    return Err(e);
+                }
+            }
+            None => {
+                let mut sge = sge;
+                let mut rwr = sys::ibv_recv_wr {
+                    wr_id: wc.wr_id,
+                    next: std::ptr::null_mut(),
+                    sg_list: &mut sge,
+                    num_sge: 1,
+                };
+                let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+                // SAFETY: the buffer stays in `self.recv[slot]` (registered, local write, owned
+                // by the table until its next completion or until the QP, dropped first, is
+                // destroyed); `take` copied out what it kept before the device may write into
+                // it again. The QP handle is valid while `self.qp` lives.
+                let rc = unsafe { sys::ibv_post_recv(self.qp().qp().as_ptr(), &mut rwr, &mut bad) };
+                if rc != 0 {
+                    // Not posted: the buffer leaves the table (back to the pool), its slot free.
+                    if self.recv.get_mut(slot).and_then(Option::take).is_some() {
+                        self.recv_free.push(slot);
+                    }
+                    return Err(io::Error::from_raw_os_error(rc));
+                }
+            }
         }
-        let Some(buf) = self.recv.get(slot).and_then(Option::as_ref) else {
-            return Ok(None); // not ours (cannot happen): ignore rather than crash
-        };
-        let len = (wc.byte_len as usize).min(buf.len());
-        let k = len.min(into.len());
-        // SAFETY: `addr()..addr() + len()` is valid memory while the buffer lives
-        // (`LocalMemory`), `k <= len()`, and the device wrote it before this completion and
-        // writes it again only after the post below.
-        let got = unsafe { std::slice::from_raw_parts(buf.addr() as *const u8, k) };
-        into[..k].copy_from_slice(got);
-        let mut sge = sys::ibv_sge {
-            addr: buf.addr() as u64,
-            length: buf.len().min(u32::MAX as usize) as u32,
-            lkey: buf.lkey(),
-        };
-        let mut rwr = sys::ibv_recv_wr {
-            wr_id: wc.wr_id,
-            next: std::ptr::null_mut(),
-            sg_list: &mut sge,
-            num_sge: 1,
-        };
-        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: the buffer stays in `self.recv[slot]` (registered, local write, owned by the
-        // table until its next completion or until the QP, dropped first, is destroyed); its
-        // contents were copied out above, before the device may write into it again. The QP
-        // handle is valid while `self.qp` lives.
-        let rc = unsafe { sys::ibv_post_recv(self.qp().qp().as_ptr(), &mut rwr, &mut bad) };
-        if rc != 0 {
-            return Err(io::Error::from_raw_os_error(rc));
-        }
-        Ok(Some(len))
+        Ok(InPlace::Taken(r))
     }
 
     /// Polls up to [`POLL_BATCH`] completions into `out`; returns how many work completions were read.

@@ -1145,3 +1145,100 @@ fn small_payloads_share_chunks_and_keep_their_bytes() {
     drop(a);
     assert_eq!(&b[..], b"two!", "a copy outlives its neighbours");
 }
+
+/// The receiving half's fast path leaves the engine as `on_recv` followed by the delivery
+/// would: the same credits held and granted, the same owed, the same bytes counted, the same
+/// message, and the same work afterwards (a CREDIT once enough are owed).
+#[test]
+fn recv_small_applies_what_on_recv_would() {
+    let (mut fast, _) = connected();
+    let (mut slow, _) = connected();
+    for i in 0..DEPTH as usize - 2 {
+        let mut th = Th::new(Kind::Eager);
+        let payload = vec![i as u8; i % 7];
+        th.len = payload.len() as u64;
+        th.credits = (i % 2) as u16;
+        let m = encode(th, b"hh", &payload);
+        let got = fast.recv_small(&m.0).expect("a plain small message");
+        slow.on_recv(m).expect("valid");
+        let Some(Delivery::Msg(want)) = slow.poll_delivery() else {
+            panic!("on_recv delivers it")
+        };
+        assert_eq!(
+            (got.header, &got.payload[..]),
+            (want.header, &want.payload[..])
+        );
+        assert_eq!(fast.credit_state(), slow.credit_state(), "message {i}");
+        let had_work = fast.has_work();
+        let (a, b) = (drain(&mut fast), drain(&mut slow));
+        assert_eq!(
+            had_work,
+            !a.is_empty(),
+            "has_work says whether a step posts, message {i}"
+        );
+        assert_eq!(
+            a.iter().map(kind_of).collect::<Vec<_>>(),
+            b.iter().map(kind_of).collect::<Vec<_>>()
+        );
+    }
+    let (f, s) = (fast.metrics.snapshot(), slow.metrics.snapshot());
+    assert_eq!(f.bytes_received, s.bytes_received);
+    assert_eq!(f.payload_bytes_copied, s.payload_bytes_copied);
+}
+
+/// The fast path declines, changing nothing, whatever it does not handle: before the
+/// handshake, other kinds, large payloads, a message behind a rendezvous being read, an
+/// application that is behind, and every violation (which `on_recv` then reports).
+#[test]
+fn recv_small_declines_and_changes_nothing_it_does_not_handle() {
+    let mut fresh = E::new(cfg(), Arc::new(Metrics::default()), Instant::now());
+    assert!(
+        fresh.recv_small(&eager(b"x").0).is_none(),
+        "before the HELLO"
+    );
+
+    let (mut e, _) = connected();
+    let before = e.credit_state();
+    let mut credit = Th::new(Kind::Credit);
+    credit.credits = 1;
+    let big = vec![1u8; cfg().zero_copy_recv_min];
+    let mut overflow = Th::new(Kind::Eager);
+    overflow.credits = u16::MAX;
+    overflow.len = 1;
+    let mut lying = eager(b"abc");
+    lying.0[8] = 9; // announces 9 bytes, carries 3
+    for (what, m) in [
+        ("a CREDIT", encode(credit, &[], &[])),
+        ("an RTS", rts(1, 4096, 0x1000)),
+        ("a payload for zero copy", eager(&big)),
+        ("credits beyond the depth", encode(overflow, &[], b"x")),
+        ("a wrong length", lying),
+        ("garbage", Buf(vec![0xff; 3])),
+    ] {
+        assert!(e.recv_small(&m.0).is_none(), "{what}");
+        assert_eq!(e.credit_state(), before, "{what} changed nothing");
+    }
+    assert!(
+        matches!(
+            violation(e.on_recv(encode(overflow, &[], b"x"))),
+            ProtocolViolation::CreditOverflow { .. }
+        ),
+        "on_recv reports what the fast path declined"
+    );
+
+    let (mut e, _) = connected();
+    e.on_recv(rts(1, 4096, 0x1000)).expect("valid RTS");
+    assert!(
+        e.recv_small(&eager(b"x").0).is_none(),
+        "a message behind a transfer being read keeps its place"
+    );
+
+    let (mut e, _) = connected();
+    e.set_backlog(cfg().backlog_max - 1, 0);
+    assert!(
+        e.recv_small(&eager(b"x").0).is_none(),
+        "the application is behind"
+    );
+    e.set_backlog(0, 0);
+    assert!(e.recv_small(&eager(b"x").0).is_some(), "and no longer");
+}

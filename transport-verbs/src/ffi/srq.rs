@@ -157,6 +157,40 @@ impl<B: LocalMemory> Srq<B> {
         Some(buf)
     }
 
+    /// The memory of the buffer in `slot` (address, length, key), left in its slot: for a
+    /// receive completion whose buffer is posted again in place ([`Srq::repost`]). `None`:
+    /// the slot holds no buffer.
+    pub(crate) fn peek(&self, slot: usize) -> Option<(usize, usize, u32)> {
+        let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let b = t.slots.get(slot)?.as_ref()?;
+        Some((b.addr(), b.len(), b.lkey()))
+    }
+
+    /// Posts the buffer still in `slot` again (`sge`, from [`Srq::peek`]), after its receive
+    /// completed and what was needed of it was copied out. The table is not touched: the slot
+    /// keeps its buffer, which only a completion naming the slot takes out. On failure the
+    /// buffer leaves the table (back to the pool) and the slot is free for a refill.
+    pub(crate) fn repost(&self, slot: usize, mut sge: sys::ibv_sge) -> io::Result<()> {
+        let mut wr = sys::ibv_recv_wr {
+            wr_id: super::RECV_BIT | slot as u64,
+            next: std::ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
+        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: one well-formed request whose SGE covers the whole buffer of `slot`
+        // (registered, local write), which the table owns until a completion names the slot;
+        // its last completion did, and its caller copied out what it kept before this post.
+        // The SRQ handle is valid while `self` lives; libibverbs serialises posts to one SRQ.
+        let rc = unsafe { sys::ibv_post_srq_recv(self.raw(), &mut wr, &mut bad) };
+        if rc != 0 {
+            // Out of the table and of the posted count (`take`); the caller refills the slot.
+            drop(self.take(slot));
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(())
+    }
+
     /// Posts `bufs` into free slots (buffers beyond the free slots are dropped: back to the
     /// pool). One `ibv_post_srq_recv` call. Returns the slots still free after it, read under
     /// the same lock (the caller refills them only when there are any).
