@@ -1445,28 +1445,9 @@ impl VerbsSender {
         }
     }
 
-    /// Test hook: moves the queue pair to the error state, as a device fault would. Every
-    /// pending and later operation fails with a typed error.
-    #[cfg(feature = "test-hooks")]
-    pub async fn inject_qp_error(&mut self) {
-        lock(&self.core).break_qp();
-        self.shared.kick.notify_one();
-    }
-}
-
-impl MessageSender for VerbsSender {
-    async fn send(&mut self, msg: Message) -> Result<(), TransportError> {
-        let len = msg.len();
-        if len > self.cfg.max_message_size {
-            return Err(TransportError::MessageTooLarge {
-                len: len as u64,
-                max: self.cfg.max_message_size as u64,
-                header: HeaderBytes::EMPTY,
-            });
-        }
-        if self.try_send_now(&msg)? {
-            return Ok(());
-        }
+    /// [`MessageSender::send`] of a message the fast path did not take: queued in the engine
+    /// once it has room.
+    async fn send_queued(&mut self, msg: Message) -> Result<(), TransportError> {
         self.check_open()?;
         // Payloads above the eager limit go by rendezvous: register (or find) them here, so
         // a registration failure is this call's error.
@@ -1481,19 +1462,8 @@ impl MessageSender for VerbsSender {
         Ok(())
     }
 
-    /// Hands the eager messages of `msgs` to the engine under one lock and posts them with
-    /// one doorbell, as many at a time as the engine's queue takes; a message above the
-    /// eager limit is registered first and handed over on its own, and one above the size
-    /// limit is refused as [`Self::send`] refuses it. A message leaves `msgs` only when the
-    /// engine takes it, so a future dropped while the queue is full loses none.
-    async fn send_batch(&mut self, msgs: &mut Vec<Message>) -> Result<(), TransportError> {
-        // One small message (an RPC call's request, a reply): the fast path, as `send`.
-        if let [only] = msgs.as_slice() {
-            if self.try_send_now(only)? {
-                msgs.clear();
-                return Ok(());
-            }
-        }
+    /// [`MessageSender::send_batch`] of what the fast path did not take.
+    async fn send_batch_queued(&mut self, msgs: &mut Vec<Message>) -> Result<(), TransportError> {
         while let Some(first) = msgs.first() {
             if first.len() > self.cfg.max_message_size {
                 // Refused as `send` refuses it (the RPC client checks sizes before queuing).
@@ -1531,6 +1501,51 @@ impl MessageSender for VerbsSender {
             self.metrics.messages_sent.add(taken as u64);
         }
         Ok(())
+    }
+
+    /// Test hook: moves the queue pair to the error state, as a device fault would. Every
+    /// pending and later operation fails with a typed error.
+    #[cfg(feature = "test-hooks")]
+    pub async fn inject_qp_error(&mut self) {
+        lock(&self.core).break_qp();
+        self.shared.kick.notify_one();
+    }
+}
+
+impl MessageSender for VerbsSender {
+    async fn send(&mut self, msg: Message) -> Result<(), TransportError> {
+        let len = msg.len();
+        if len > self.cfg.max_message_size {
+            return Err(TransportError::MessageTooLarge {
+                len: len as u64,
+                max: self.cfg.max_message_size as u64,
+                header: HeaderBytes::EMPTY,
+            });
+        }
+        if self.try_send_now(&msg)? {
+            return Ok(());
+        }
+        // Boxed: the queued path's state (the wait for room) would otherwise make every
+        // send's future several times larger, and a future is moved into place at each call
+        // (a copy of its whole size, on the fast path too).
+        Box::pin(self.send_queued(msg)).await
+    }
+
+    /// Hands the eager messages of `msgs` to the engine under one lock and posts them with
+    /// one doorbell, as many at a time as the engine's queue takes; a message above the
+    /// eager limit is registered first and handed over on its own, and one above the size
+    /// limit is refused as [`Self::send`] refuses it. A message leaves `msgs` only when the
+    /// engine takes it, so a future dropped while the queue is full loses none.
+    async fn send_batch(&mut self, msgs: &mut Vec<Message>) -> Result<(), TransportError> {
+        // One small message (an RPC call's request, a reply): the fast path, as `send`.
+        if let [only] = msgs.as_slice() {
+            if self.try_send_now(only)? {
+                msgs.clear();
+                return Ok(());
+            }
+        }
+        // Boxed, as in `send`.
+        Box::pin(self.send_batch_queued(msgs)).await
     }
 
     fn buffer_pool(&self) -> Arc<dyn BufferPool> {

@@ -1105,7 +1105,10 @@ impl<P> Engine<P> {
 
     /// When [`Engine::handle_timeout`] must be called next.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        if self.failed {
+        let none_armed = self.peer.is_some()
+            && self.rndv_deadline == Deadline::Off
+            && self.linger_deadline == Deadline::Off;
+        if self.failed || none_armed {
             return None;
         }
         let hello = self.peer.is_none().then_some(self.hello_deadline);
