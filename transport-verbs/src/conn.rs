@@ -7,7 +7,10 @@
 //! receiving half takes them.
 //! - The sender hands its message to the engine and posts it on its own task.
 //! - The receiver, while the spin budget runs, polls the CQ on its own task and holds a lease
-//!   on it, so a reply within the budget reaches it without a hop through another task.
+//!   on it, so a reply within the budget reaches it without a hop through another task. A
+//!   plain small message it finds there is taken in one go (`Core::receive_small`: one
+//!   completion polled, checked by the engine, copied, its buffer posted again in place; the
+//!   engine steps only when it has work).
 //! - The driver waits for its CQ's next event (routed by the device's pump thread,
 //!   `cq_pump.rs`, which drains the CQ itself first: `Core::on_cq_event`), or spins while the
 //!   budget runs and no receiver holds the lease, and on
