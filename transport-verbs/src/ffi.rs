@@ -1436,15 +1436,7 @@ impl<B: LocalMemory> Endpoint<B> {
         };
         let Some(r) = taken else {
             // The generic path, as `poll` reports it.
-            let buf = match &self.srq {
-                Some(srq) => {
-                    self.srq_took = true;
-                    srq.take(slot)
-                }
-                None => self.recv.get_mut(slot).and_then(Option::take).inspect(|_| {
-                    self.recv_free.push(slot);
-                }),
-            };
+            let buf = self.take_recv(slot);
             if let Some(buf) = buf {
                 let len = (wc.byte_len as usize).min(buf.len());
                 others.push(Completion::Recv { buf, len, status });
@@ -1489,6 +1481,20 @@ impl<B: LocalMemory> Endpoint<B> {
         Ok(InPlace::Taken(r))
     }
 
+    /// Takes the buffer of the receive completion that names `slot` out of its table (the
+    /// shared queue's, which a later `ring` refills, or the QP's own).
+    fn take_recv(&mut self, slot: usize) -> Option<B> {
+        match &self.srq {
+            Some(srq) => {
+                self.srq_took = true;
+                srq.take(slot)
+            }
+            None => self.recv.get_mut(slot).and_then(Option::take).inspect(|_| {
+                self.recv_free.push(slot);
+            }),
+        }
+    }
+
     /// Polls up to [`POLL_BATCH`] completions into `out`; returns how many work completions were read.
     pub(crate) fn poll(&mut self, out: &mut Vec<Completion<B>>) -> io::Result<usize> {
         let n = self.poll_wcs()?;
@@ -1497,15 +1503,7 @@ impl<B: LocalMemory> Endpoint<B> {
             let status = wc_status(&wc);
             if wc.wr_id & RECV_BIT != 0 {
                 let slot = (wc.wr_id & !RECV_BIT) as usize;
-                let buf = match &self.srq {
-                    Some(srq) => {
-                        self.srq_took = true;
-                        srq.take(slot)
-                    }
-                    None => self.recv.get_mut(slot).and_then(Option::take).inspect(|_| {
-                        self.recv_free.push(slot);
-                    }),
-                };
+                let buf = self.take_recv(slot);
                 let Some(buf) = buf else {
                     continue; // not ours (cannot happen): ignore rather than crash
                 };
