@@ -702,10 +702,10 @@ impl Core {
         if !self.usable() {
             return (None, 0);
         }
-        let mut comps = std::mem::take(&mut self.completions);
         let Some(ep) = self.ep.as_mut() else {
             return (None, 0);
         };
+        let mut comps = std::mem::take(&mut self.completions);
         let engine = &mut self.engine;
         let polled = ep.poll_recv_in_place(|b| engine.recv_small(b), &mut comps);
         self.completions = comps;

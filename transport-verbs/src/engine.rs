@@ -560,15 +560,13 @@ impl<P> Engine<P> {
             (Some(_), Kind::Hello) => return Err(ProtocolViolation::DuplicateHello),
             (Some(p), _) => p,
         };
-        let credits = self
-            .credits
-            .checked_add(th.credits as u32)
-            .filter(|&c| c <= peer.depth)
-            .ok_or(ProtocolViolation::CreditOverflow {
-                held: self.credits,
-                granted: th.credits,
-                depth: peer.depth,
-            })?;
+        let credits =
+            self.credits_with(th.credits, peer)
+                .ok_or(ProtocolViolation::CreditOverflow {
+                    held: self.credits,
+                    granted: th.credits,
+                    depth: peer.depth,
+                })?;
         if self.peer_closed && matches!(th.kind, Kind::Eager | Kind::Rts | Kind::Close) {
             return Err(ProtocolViolation::AfterClose {
                 kind: th.kind.name(),
@@ -741,10 +739,7 @@ impl<P> Engine<P> {
         {
             return None;
         }
-        let credits = self
-            .credits
-            .checked_add(th.credits as u32)
-            .filter(|&c| c <= peer.depth)?;
+        let credits = self.credits_with(th.credits, peer)?;
         self.peer_credits -= 1;
         self.credits = credits;
         self.metrics.bytes_received.add((off + plen) as u64);
@@ -752,6 +747,14 @@ impl<P> Engine<P> {
         self.owed += 1;
         let payload = self.small.copy(&msg[off..off + plen]);
         Some(Message::new(header, payload))
+    }
+
+    /// The credits held once the peer's grant is added: `None` when that would exceed the
+    /// receive depth it announced (or overflow).
+    fn credits_with(&self, granted: u16, peer: Peer) -> Option<u32> {
+        self.credits
+            .checked_add(u32::from(granted))
+            .filter(|&c| c <= peer.depth)
     }
 
     /// Whether a step would find anything to do ([`Engine::poll_work`], deadlines, withheld
