@@ -22,7 +22,7 @@ use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use sideway::rdmacm::communication_manager::{EventType, Identifier};
@@ -41,6 +41,7 @@ use crate::ffi::{Completion, Endpoint, HeldBytes, InPlace, ReadSpec, SqLocal, Wc
 use crate::pool::{Pool, PoolBuf};
 use crate::proto::TH_LEN;
 
+mod home;
 mod poller;
 #[cfg(feature = "test-hooks")]
 pub use poller::polled_together;
@@ -51,6 +52,10 @@ const OUTQ_MAX: usize = 64;
 /// The shortest lease a receiving half takes on the CQ while it polls (busy-poll mode has no
 /// spin budget to size it by).
 const MIN_LEASE: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// The longest lease a receiver's turns can ask for, in spin budgets: a lease outliving the
+/// receiver's wait keeps the driver off the CQ until it ends.
+const MAX_HOLD_SPINS: u32 = 4;
 /// CQ polls a waiting receiver makes between two yields to the runtime while the spin budget
 /// runs (from its second turn on): a few polls per yield bring the soft-RoCE guest's ping
 /// closer to the link, and more than 64 gain nothing
@@ -263,6 +268,7 @@ pub(crate) fn start(est: Established) -> Result<VerbsConnection, TransportError>
         pool: res.pool,
         cfg: cfg.clone(),
         closed: false,
+        home: home::Home::here(),
     };
     let receiver = VerbsReceiver {
         rx: drx,
@@ -271,6 +277,7 @@ pub(crate) fn start(est: Established) -> Result<VerbsConnection, TransportError>
         shared: shared.clone(),
         core: core.clone(),
         slot: poller::PollSlot::new(&core),
+        home: None,
     };
     // While the driver sleeps on the completion channel, the device's pump thread moves the
     // connection on at its CQ's events itself (`Core::on_cq_event`); when the device's shared
@@ -327,7 +334,8 @@ pub(crate) fn start(est: Established) -> Result<VerbsConnection, TransportError>
         lease: Box::pin(tokio::time::sleep(std::time::Duration::ZERO)),
         member: Some(res.member),
     };
-    tokio::spawn(driver.run());
+    // Woken from the pump thread through this thread's inbox (`home.rs`).
+    tokio::spawn(home::homed(home::Home::here(), driver.run()));
     Ok(VerbsConnection {
         sender,
         receiver,
@@ -460,11 +468,16 @@ impl Core {
     /// For the receiving half waiting for a message (on its own task or through its thread's
     /// poller): while the connection should spin, renews the half's lease on the CQ and returns
     /// true; else gives the CQ back to the driver at once (not when the lease would end) and
-    /// returns false.
-    fn renew_lease(&mut self, now: Instant) -> bool {
-        let spin = self.usable() && (self.cfg.busy_poll || self.spinning_at(now));
+    /// returns false. `thread_busy`: a message reached the thread within the spin budget
+    /// (`poller::busy_here`), so a connection that spins at all spins with its thread although
+    /// it has been quiet itself. `hold`: how long the half's next turn may take to come round
+    /// (the lease lasts at least that, up to `MAX_HOLD_SPINS` budgets).
+    fn renew_lease(&mut self, now: Instant, thread_busy: bool, hold: Duration) -> bool {
+        let thread_busy = thread_busy && !self.cfg.poll_spin.is_zero();
+        let spin = self.usable() && (self.cfg.busy_poll || self.spinning_at(now) || thread_busy);
         if spin {
-            self.app_lease = Some(now + self.cfg.poll_spin.max(MIN_LEASE));
+            let hold = hold.min(self.cfg.poll_spin * MAX_HOLD_SPINS);
+            self.app_lease = Some(now + self.cfg.poll_spin.max(MIN_LEASE).max(hold));
         } else if self.app_lease.take().is_some() && self.deferring {
             self.shared.kick.notify_one();
         }
@@ -1251,20 +1264,20 @@ impl Driver {
                 }
             }
             let busy = self.cfg.busy_poll || core.spinning();
-            if busy {
-                if let Some(t) = core.app_lease {
-                    if Instant::now() < t {
-                        core.parked = false;
-                        core.deferring = true;
-                        return Some(Turn {
-                            busy: false,
-                            defer_until: Some(t),
-                            deadline: core.engine.poll_timeout(),
-                            watch_app: core.engine.waiting_for_app(),
-                        });
-                    }
-                    core.app_lease = None;
+            // A receiver holding the lease polls the CQ, whether the connection's own budget
+            // runs or its thread's (`poller::busy_here`).
+            if let Some(t) = core.app_lease {
+                if Instant::now() < t {
+                    core.parked = false;
+                    core.deferring = true;
+                    return Some(Turn {
+                        busy: false,
+                        defer_until: Some(t),
+                        deadline: core.engine.poll_timeout(),
+                        watch_app: core.engine.waiting_for_app(),
+                    });
                 }
+                core.app_lease = None;
             }
             core.deferring = false;
             if !busy {
@@ -1350,6 +1363,8 @@ pub struct VerbsSender {
     pool: Pool,
     cfg: Arc<VerbsConfig>,
     closed: bool,
+    /// Where the task waiting for room is woken from other threads (`home.rs`).
+    home: Option<home::Home>,
 }
 
 impl std::fmt::Debug for VerbsSender {
@@ -1377,6 +1392,11 @@ impl VerbsSender {
     /// Runs `f` on the core once the engine's queue has room (the driver or the receiver
     /// makes it as the peer grants credits), then wakes the driver if it must act on it.
     async fn with_room<R>(&self, f: impl FnOnce(&mut Core) -> R) -> Result<R, TransportError> {
+        home::homed(self.home.clone(), self.with_room_here(f)).await
+    }
+
+    /// [`VerbsSender::with_room`] on the task's own waker.
+    async fn with_room_here<R>(&self, f: impl FnOnce(&mut Core) -> R) -> Result<R, TransportError> {
         let mut f = Some(f);
         // The first look registers no waiter (the common case: there is room); a full queue
         // is looked at again with the waiter registered first, so no wake-up is lost.
@@ -1608,6 +1628,9 @@ pub struct VerbsReceiver {
     core: Arc<Mutex<Core>>,
     /// Its place in its thread's poller (`VerbsConfig::poll_together_from`).
     slot: Arc<poller::PollSlot>,
+    /// Where the task waiting for a message is woken from other threads (`home.rs`): the
+    /// thread it last received on.
+    home: Option<home::Home>,
 }
 
 impl std::fmt::Debug for VerbsReceiver {
@@ -1687,6 +1710,7 @@ impl VerbsReceiver {
     /// through the driver or the channel), else awaited from the driver.
     async fn next(&mut self) -> Option<ToApp> {
         let mut looked = false;
+        let mut last_look: Option<Instant> = None;
         // Counts this receiver among its thread's own-task spinners while it spins here.
         let mut own_spin: Option<poller::OwnSpin> = None;
         loop {
@@ -1706,11 +1730,21 @@ impl VerbsReceiver {
                     Look::Again => continue,
                     Look::Nothing => {}
                 }
-                let spin = core.renew_lease(Instant::now());
-                spin.then_some(core.cfg.poll_together_from)
+                let now = Instant::now();
+                // The lease covers a few of this task's turns (see the poller's).
+                let hold =
+                    last_look.map_or(Duration::ZERO, |t| now.saturating_duration_since(t) * 3);
+                last_look = Some(now);
+                let spin = core.renew_lease(now, poller::busy_here(now), hold);
+                (
+                    spin.then_some(core.cfg.poll_together_from),
+                    core.cfg.poll_spin,
+                )
             };
-            let Some(together_from) = spin else {
+            let (Some(together_from), _) = spin else {
                 let d = self.rx.recv().await;
+                // Woken with a message while quiet: the thread is busy (`poller::busy_here`).
+                poller::note_busy(Instant::now(), spin.1);
                 return d.map(|d| self.taken_from_channel(d));
             };
             if own_spin.is_none() {
@@ -1720,6 +1754,7 @@ impl VerbsReceiver {
                         // The poller polls the CQ and hands the message over the channel.
                         let d = self.rx.recv().await;
                         drop(waiting);
+                        poller::note_busy(Instant::now(), spin.1);
                         return d.map(|d| self.taken_from_channel(d));
                     }
                 }
@@ -1764,7 +1799,10 @@ impl MessageReceiver for VerbsReceiver {
             Some(Some(f)) => return Err(f.to_error()),
             None => {}
         }
-        let d = self.next().await;
+        if !self.home.as_ref().is_some_and(home::Home::is_here) {
+            self.home = home::Home::here();
+        }
+        let d = home::homed(self.home.clone(), self.next()).await;
         match d {
             Some(ToApp::Msg(m)) => {
                 self.metrics.messages_received.incr();

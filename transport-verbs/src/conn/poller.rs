@@ -14,9 +14,9 @@
 //! connection is looked at once per turn and the local queue stays short. While the poller has
 //! receivers, every receiver of the thread joins it; it ends when none waits.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 use super::Core;
 
@@ -64,6 +64,41 @@ pub(super) struct Poller {
     state: Mutex<State>,
     /// Receivers of this thread spinning on their own task now.
     own: AtomicUsize,
+    /// Until when (microseconds since [`epoch`]; 0: not) the thread is busy: the poller took
+    /// completions, or a receiver was woken with a message, within the last spin budget. Its
+    /// receivers spin on with it, quiet or not ([`busy_here`]).
+    busy_until: AtomicU64,
+}
+
+/// A receiver of this thread got a message at `now` after sleeping: the thread stays busy for
+/// `budget` (zero: pure event mode, nothing spins).
+pub(super) fn note_busy(now: Instant, budget: std::time::Duration) {
+    if budget.is_zero() {
+        return;
+    }
+    let until = micros(now + budget);
+    POLLER.with(|p| p.busy_until.fetch_max(until, Ordering::Relaxed));
+}
+
+/// The clock `Poller::busy_until` counts from.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn micros(t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(epoch()).as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Whether a message reached this thread within the spin budget before `now` (the poller
+/// took completions, or a receiver was woken with one): a receiver of the thread then spins
+/// (and, with many, waits through the poller) even if its own connection has been quiet for
+/// longer. Served in turn, hundreds of connections each get a message only every few
+/// milliseconds, longer than their own budget: without this, every message would come through
+/// a CQ event (arming, the pump thread, a wake-up across threads) while the thread is busy
+/// anyway.
+pub(super) fn busy_here(now: Instant) -> bool {
+    POLLER.with(|p| micros(now) < p.busy_until.load(Ordering::Relaxed))
 }
 
 thread_local! {
@@ -153,6 +188,7 @@ impl Poller {
     async fn run(self: Arc<Self>) {
         let _stopped = Stopped(self.clone());
         let mut turn: Vec<Arc<PollSlot>> = Vec::new();
+        let mut last_turn: Option<Instant> = None;
         loop {
             {
                 let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -169,6 +205,13 @@ impl Poller {
                 turn.extend(st.slots.iter().cloned());
             }
             let now = Instant::now();
+            // The lease covers a few turns: with hundreds of tasks on the thread, a turn may
+            // come round later than the spin budget, and a lease that lapsed in between would
+            // send the connection to CQ events while it is still polled here.
+            let hold = last_turn.map_or(Duration::ZERO, |t| now.saturating_duration_since(t) * 3);
+            last_turn = Some(now);
+            let busy = micros(now) < self.busy_until.load(Ordering::Relaxed);
+            let mut busy_until = 0;
             for slot in turn.drain(..) {
                 let Some(core) = slot.core.upgrade() else {
                     continue;
@@ -180,13 +223,44 @@ impl Poller {
                 if core.took_any() {
                     #[cfg(feature = "test-hooks")]
                     POLLED_TOGETHER.fetch_add(1, Ordering::Relaxed);
+                    if !core.cfg.poll_spin.is_zero() {
+                        busy_until = busy_until.max(micros(now + core.cfg.poll_spin));
+                    }
                 }
-                if !core.renew_lease(now) {
+                if !core.renew_lease(now, busy, hold) {
                     // Spent: the driver has the CQ back and sleeps on its events.
                     slot.waiting.store(false, Ordering::Release);
                 }
             }
+            if busy_until != 0 {
+                self.busy_until.fetch_max(busy_until, Ordering::Relaxed);
+            }
             tokio::task::yield_now().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A message noted on a thread keeps that thread busy for the budget, no longer, and only
+    /// that thread; a zero budget (pure event mode) never makes it busy.
+    #[test]
+    fn a_thread_is_busy_for_the_budget_after_a_message() {
+        let t0 = Instant::now();
+        let budget = Duration::from_millis(10);
+        assert!(!busy_here(t0));
+        note_busy(t0, Duration::ZERO);
+        assert!(!busy_here(t0), "event mode does not spin");
+        note_busy(t0, budget);
+        assert!(busy_here(t0 + Duration::from_millis(9)));
+        assert!(!busy_here(t0 + Duration::from_millis(11)));
+        let elsewhere = std::thread::spawn(move || busy_here(t0 + Duration::from_millis(1)));
+        assert!(!elsewhere.join().expect("thread"), "per thread");
+        // An earlier note does not shorten a later one.
+        note_busy(t0 + Duration::from_millis(5), budget);
+        note_busy(t0, budget);
+        assert!(busy_here(t0 + Duration::from_millis(14)));
     }
 }
