@@ -1705,6 +1705,25 @@ impl VerbsReceiver {
         item
     }
 
+    /// The next delivery if one is there now: `None` when there is none yet (or the lock is
+    /// busy). Most messages of a ping-pong are found here, before any future is made.
+    fn next_now(&mut self) -> Option<Option<ToApp>> {
+        for _ in 0..2 {
+            match self.rx.try_recv() {
+                Ok(d) => return Some(Some(self.taken_from_channel(d))),
+                Err(mpsc::error::TryRecvError::Disconnected) => return Some(None),
+                Err(mpsc::error::TryRecvError::Empty) => {}
+            }
+            let mut core = self.core.try_lock().ok()?;
+            match self.look(&mut core) {
+                Look::Got(d) => return Some(Some(d)),
+                Look::Again => {}
+                Look::Nothing => return None,
+            }
+        }
+        None
+    }
+
     /// The next delivery: taken from what was already delivered, else polled from the CQ on
     /// this task while the spin budget runs (the reply of a ping-pong then costs no hop
     /// through the driver or the channel), else awaited from the driver.
@@ -1799,10 +1818,15 @@ impl MessageReceiver for VerbsReceiver {
             Some(Some(f)) => return Err(f.to_error()),
             None => {}
         }
-        if !self.home.as_ref().is_some_and(home::Home::is_here) {
-            self.home = home::Home::here();
-        }
-        let d = home::homed(self.home.clone(), self.next()).await;
+        let d = match self.next_now() {
+            Some(d) => d,
+            None => {
+                if !self.home.as_ref().is_some_and(home::Home::is_here) {
+                    self.home = home::Home::here();
+                }
+                home::homed(self.home.clone(), self.next()).await
+            }
+        };
         match d {
             Some(ToApp::Msg(m)) => {
                 self.metrics.messages_received.incr();
