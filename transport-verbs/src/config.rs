@@ -141,6 +141,9 @@ pub struct VerbsConfig {
     /// keep the soft-RoCE guest's vCPUs busy), in exchange for no completion event per message
     /// (many clients on one runtime make several times the calls/s of a 1 ms budget); lower it
     /// where CPU matters more than latency (docs/notes/2026-12-04-scenarios-spin-budget-10ms.md).
+    /// The budget also runs per thread: while a message reached a runtime thread within it,
+    /// the receivers waiting on that thread keep polling, however quiet their own connection
+    /// (hundreds of connections served in turn; docs/notes/2026-12-06-wakes-through-home.md).
     pub poll_spin: Duration,
     /// Receivers spinning at once on one thread from which the thread polls them together.
     /// Below it, a receiver waiting for a message polls its connection's CQ on its own task

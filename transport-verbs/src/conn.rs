@@ -16,6 +16,9 @@
 //!   budget runs and no receiver holds the lease, and on
 //!   rdma_cm events and the engine's next deadline. It takes over whatever the halves leave: credits and completions while nobody
 //!   waits, deadlines, the peer leaving, the teardown.
+//! - On a current-thread runtime the three wait with a waker that knows their thread
+//!   (`home.rs`): woken from another thread (the pump), they are queued in that thread's inbox
+//!   and woken there in arrival order.
 
 use std::collections::HashMap;
 use std::io;
