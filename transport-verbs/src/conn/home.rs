@@ -25,9 +25,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 
 use futures_util::task::AtomicWaker;
-use tokio::runtime::{Handle, RuntimeFlavor};
+use tokio::runtime::{Handle, Id, RuntimeFlavor};
 
-/// The inbox of one runtime thread: the tasks woken from other threads since its task last ran.
+/// The inbox of one current-thread runtime: the tasks woken from other threads since its task
+/// last ran.
 struct Inbox {
     queue: Mutex<Vec<Arc<Forward>>>,
     /// The inbox's task, woken when the queue stops being empty.
@@ -35,9 +36,11 @@ struct Inbox {
 }
 
 thread_local! {
-    /// This thread's inbox, while its runtime (which runs the inbox's task) lives.
-    static INBOX: RefCell<Weak<Inbox>> = const { RefCell::new(Weak::new()) };
-    /// The address of this thread's live inbox (0 for none): tells a waker it is home.
+    /// The inboxes of the runtimes made on this thread, while they live (a thread may hold
+    /// several runtimes and drive them in turn: each has its own inbox, served by its own task).
+    static INBOXES: RefCell<Vec<(Id, Weak<Inbox>)>> = const { RefCell::new(Vec::new()) };
+    /// The address of the inbox last used on this thread (0 for none): a waker woken here
+    /// with that inbox wakes its task directly.
     static HERE: Cell<usize> = const { Cell::new(0) };
 }
 
@@ -103,6 +106,7 @@ async fn serve(inbox: Arc<Inbox>) {
 pub(super) struct Home {
     forward: Arc<Forward>,
     waker: Waker,
+    runtime: Id,
 }
 
 impl Home {
@@ -113,9 +117,15 @@ impl Home {
         if handle.runtime_flavor() != RuntimeFlavor::CurrentThread {
             return None;
         }
-        let inbox = INBOX.with(|i| {
-            let mut i = i.borrow_mut();
-            if let Some(inbox) = i.upgrade() {
+        let runtime = handle.id();
+        let inbox = INBOXES.with(|list| {
+            let mut list = list.borrow_mut();
+            list.retain(|(_, i)| i.strong_count() > 0);
+            if let Some(inbox) = list
+                .iter()
+                .find(|(id, _)| *id == runtime)
+                .and_then(|(_, i)| i.upgrade())
+            {
                 return inbox;
             }
             let inbox = Arc::new(Inbox {
@@ -125,10 +135,10 @@ impl Home {
             // Lives as long as the runtime: when the runtime drops it, the inbox goes with
             // it, and the wakers made for it wake their tasks directly.
             handle.spawn(serve(inbox.clone()));
-            *i = Arc::downgrade(&inbox);
-            HERE.with(|h| h.set(Arc::as_ptr(&inbox) as usize));
+            list.push((runtime, Arc::downgrade(&inbox)));
             inbox
         });
+        HERE.with(|h| h.set(Arc::as_ptr(&inbox) as usize));
         let forward = Arc::new(Forward {
             task: AtomicWaker::new(),
             queued: AtomicBool::new(false),
@@ -137,13 +147,14 @@ impl Home {
         Some(Home {
             waker: Waker::from(forward.clone()),
             forward,
+            runtime,
         })
     }
 
-    /// Whether this home is the current thread's live inbox.
+    /// Whether this home belongs to the runtime running now, and its inbox lives.
     pub(super) fn is_here(&self) -> bool {
-        HERE.with(Cell::get) == self.forward.inbox.as_ptr() as usize
-            && self.forward.inbox.strong_count() > 0
+        self.forward.inbox.strong_count() > 0
+            && Handle::try_current().is_ok_and(|h| h.id() == self.runtime)
     }
 }
 
@@ -207,6 +218,50 @@ mod tests {
             assert_eq!(polls.load(Ordering::SeqCst), 2);
             assert!(inbox.queue.lock().expect("queue").is_empty());
         });
+    }
+
+    /// Two runtimes made on one thread and driven in turn each serve their own inbox: a task
+    /// of the second, woken from another thread, is not queued where only the first (not
+    /// running now) would serve it.
+    #[test]
+    fn each_runtime_of_a_thread_has_its_own_inbox() {
+        let first = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let second = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let home_first = first.block_on(async { Home::here().expect("homed") });
+        second.block_on(async {
+            let home = Home::here().expect("homed");
+            assert!(home.is_here());
+            assert!(
+                !home_first.is_here(),
+                "the first runtime is not the one running"
+            );
+            assert_ne!(home.runtime, home_first.runtime);
+            let (tx, rx) = tokio::sync::oneshot::channel::<Waker>();
+            let mut tx = Some(tx);
+            let task = tokio::spawn(homed(
+                Some(home),
+                std::future::poll_fn(move |cx| match tx.take() {
+                    Some(tx) => {
+                        tx.send(cx.waker().clone()).expect("send the waker");
+                        Poll::Pending
+                    }
+                    None => Poll::Ready(()),
+                }),
+            ));
+            let waker = rx.await.expect("the task's waker");
+            std::thread::scope(|s| {
+                s.spawn(|| waker.wake_by_ref());
+            });
+            let done = tokio::time::timeout(std::time::Duration::from_secs(10), task).await;
+            done.expect("woken through the running runtime's inbox")
+                .expect("ran");
+        });
+        drop(first);
     }
 
     /// A multi-thread runtime keeps the tasks' own wakers.
