@@ -16,8 +16,8 @@
 //!   budget runs and no receiver holds the lease, and on
 //!   rdma_cm events and the engine's next deadline. It takes over whatever the halves leave: credits and completions while nobody
 //!   waits, deadlines, the peer leaving, the teardown.
-//! - On a current-thread runtime the three wait with a waker that knows their thread
-//!   (`home.rs`): woken from another thread (the pump), they are queued in that thread's inbox
+//! - On a current-thread runtime the three wait with a waker that knows their runtime
+//!   (`home.rs`): woken from another thread (the pump), they are queued in their runtime's inbox
 //!   and woken there in arrival order.
 
 use std::collections::HashMap;
@@ -337,7 +337,7 @@ pub(crate) fn start(est: Established) -> Result<VerbsConnection, TransportError>
         lease: Box::pin(tokio::time::sleep(std::time::Duration::ZERO)),
         member: Some(res.member),
     };
-    // Woken from the pump thread through this thread's inbox (`home.rs`).
+    // Woken from the pump thread through this runtime's inbox (`home.rs`).
     tokio::spawn(home::homed(home::Home::here(), driver.run()));
     Ok(VerbsConnection {
         sender,

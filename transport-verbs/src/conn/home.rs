@@ -11,12 +11,13 @@
 //! every few milliseconds, others wait for a second (docs/notes/2026-12-06-wakes-through-home.md).
 //!
 //! So the tasks of a connection on a current-thread runtime are polled with a waker that knows
-//! their home: woken on that thread, it wakes the task as usual (a local wake-up); woken from
-//! another, it queues the task in its home's inbox, and only the inbox's own task is woken
-//! across threads. That task, once the runtime reaches it, wakes every queued task locally:
-//! they join the local queue in arrival order, behind nothing they did not arrive after. A
-//! multi-thread runtime spreads remote wake-ups over its workers itself; there the tasks
-//! keep their own waker.
+//! their home, the runtime's inbox (one per runtime; a thread may drive several in turn):
+//! woken on the thread that last used that inbox, it wakes the task as usual (a local
+//! wake-up); woken from another, it queues the task in the inbox, and only the inbox's own
+//! task is woken across threads. That task, once the runtime reaches it, wakes every queued
+//! task locally: they join the local queue in arrival order, behind nothing they did not
+//! arrive after. A multi-thread runtime spreads remote wake-ups over its workers itself;
+//! there the tasks keep their own waker.
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
