@@ -1732,7 +1732,7 @@ impl VerbsReceiver {
     /// through the driver or the channel), else awaited from the driver.
     async fn next(&mut self) -> Option<ToApp> {
         let mut looked = false;
-        let mut last_look: Option<Instant> = None;
+        let mut turns = poller::Turns::default();
         // Counts this receiver among its thread's own-task spinners while it spins here.
         let mut own_spin: Option<poller::OwnSpin> = None;
         loop {
@@ -1753,10 +1753,8 @@ impl VerbsReceiver {
                     Look::Nothing => {}
                 }
                 let now = Instant::now();
-                // The lease covers a few of this task's turns (see the poller's).
-                let hold =
-                    last_look.map_or(Duration::ZERO, |t| now.saturating_duration_since(t) * 3);
-                last_look = Some(now);
+                // The lease covers a few of this task's turns (`poller::Turns::hold`).
+                let hold = turns.hold(now);
                 let spin = core.renew_lease(now, poller::busy_here(now), hold);
                 (
                     spin.then_some(core.cfg.poll_together_from),

@@ -72,12 +72,28 @@ pub(super) struct Poller {
 
 /// A receiver of this thread got a message at `now` after sleeping: the thread stays busy for
 /// `budget` (zero: pure event mode, nothing spins).
-pub(super) fn note_busy(now: Instant, budget: std::time::Duration) {
-    if budget.is_zero() {
-        return;
+pub(super) fn note_busy(now: Instant, budget: Duration) {
+    POLLER.with(|p| p.note_busy(now, budget));
+}
+
+/// Turns that a receiver's lease on the CQ covers ([`Turns::hold`]).
+const HOLD_TURNS: u32 = 3;
+
+/// The times of a waiting receiver's (or a poller's) turns: how long its lease must cover.
+#[derive(Default)]
+pub(super) struct Turns(Option<Instant>);
+
+impl Turns {
+    /// A turn at `now`: the lease covers a few turns as long as the last one took. With
+    /// hundreds of tasks on the thread, a turn may come round later than the spin budget, and
+    /// a lease that lapsed in between would send the connection to CQ events while it is
+    /// still polled.
+    pub(super) fn hold(&mut self, now: Instant) -> Duration {
+        let last = self.0.replace(now);
+        last.map_or(Duration::ZERO, |t| {
+            now.saturating_duration_since(t) * HOLD_TURNS
+        })
     }
-    let until = micros(now + budget);
-    POLLER.with(|p| p.busy_until.fetch_max(until, Ordering::Relaxed));
 }
 
 /// The clock `Poller::busy_until` counts from.
@@ -98,7 +114,7 @@ fn micros(t: Instant) -> u64 {
 /// a CQ event (arming, the pump thread, a wake-up across threads) while the thread is busy
 /// anyway.
 pub(super) fn busy_here(now: Instant) -> bool {
-    POLLER.with(|p| micros(now) < p.busy_until.load(Ordering::Relaxed))
+    POLLER.with(|p| p.busy_at(now))
 }
 
 thread_local! {
@@ -171,6 +187,20 @@ impl Drop for Stopped {
 }
 
 impl Poller {
+    /// Whether the thread is busy at `now` ([`busy_here`]).
+    fn busy_at(&self, now: Instant) -> bool {
+        micros(now) < self.busy_until.load(Ordering::Relaxed)
+    }
+
+    /// A message reached the thread at `now`: busy for `budget` from then (none for a zero
+    /// budget, pure event mode; a later note is never shortened by an earlier one).
+    fn note_busy(&self, now: Instant, budget: Duration) {
+        if !budget.is_zero() {
+            self.busy_until
+                .fetch_max(micros(now + budget), Ordering::Relaxed);
+        }
+    }
+
     fn own_spin(self: Arc<Self>) -> Place {
         self.own.fetch_add(1, Ordering::Relaxed);
         Place::Own(OwnSpin(self))
@@ -188,7 +218,7 @@ impl Poller {
     async fn run(self: Arc<Self>) {
         let _stopped = Stopped(self.clone());
         let mut turn: Vec<Arc<PollSlot>> = Vec::new();
-        let mut last_turn: Option<Instant> = None;
+        let mut turns = Turns::default();
         loop {
             {
                 let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -205,13 +235,8 @@ impl Poller {
                 turn.extend(st.slots.iter().cloned());
             }
             let now = Instant::now();
-            // The lease covers a few turns: with hundreds of tasks on the thread, a turn may
-            // come round later than the spin budget, and a lease that lapsed in between would
-            // send the connection to CQ events while it is still polled here.
-            let hold = last_turn.map_or(Duration::ZERO, |t| now.saturating_duration_since(t) * 3);
-            last_turn = Some(now);
-            let busy = micros(now) < self.busy_until.load(Ordering::Relaxed);
-            let mut busy_until = 0;
+            let hold = turns.hold(now);
+            let busy = self.busy_at(now);
             for slot in turn.drain(..) {
                 let Some(core) = slot.core.upgrade() else {
                     continue;
@@ -223,17 +248,12 @@ impl Poller {
                 if core.took_any() {
                     #[cfg(feature = "test-hooks")]
                     POLLED_TOGETHER.fetch_add(1, Ordering::Relaxed);
-                    if !core.cfg.poll_spin.is_zero() {
-                        busy_until = busy_until.max(micros(now + core.cfg.poll_spin));
-                    }
+                    self.note_busy(now, core.cfg.poll_spin);
                 }
                 if !core.renew_lease(now, busy, hold) {
                     // Spent: the driver has the CQ back and sleeps on its events.
                     slot.waiting.store(false, Ordering::Release);
                 }
-            }
-            if busy_until != 0 {
-                self.busy_until.fetch_max(busy_until, Ordering::Relaxed);
             }
             tokio::task::yield_now().await;
         }
