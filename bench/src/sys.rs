@@ -41,9 +41,11 @@ pub fn verbs_receive(c: &transport_verbs::VerbsConfig) -> String {
         )
     } else {
         format!(
-            "shared receive queue ({} buffers of {} bytes per device, {} credits per connection)",
+            "shared receive queue ({} buffers of {} bytes per device, growing to {} when it runs \
+             low; {} credits per connection)",
             c.srq_depth,
             c.recv_buf_size(),
+            c.srq_max_depth.max(c.srq_depth),
             c.recv_depth
         )
     }

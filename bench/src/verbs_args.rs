@@ -17,6 +17,11 @@ pub struct VerbsArgs {
     /// 0: each connection posts its own; default: the library's).
     #[arg(long)]
     pub verbs_srq_depth: Option<usize>,
+    /// Most buffers the shared receive queue grows to when it runs low
+    /// (`VerbsConfig::srq_max_depth`; up to `--verbs-srq-depth`: no growth; default: the
+    /// library's).
+    #[arg(long)]
+    pub verbs_srq_max_depth: Option<usize>,
     /// Verbs receivers spinning at once on one thread from which the thread polls them
     /// together (`VerbsConfig::poll_together_from`; default: the library's).
     #[arg(long)]
@@ -50,6 +55,9 @@ impl VerbsArgs {
         if let Some(d) = self.verbs_srq_depth {
             c.srq_depth = d;
         }
+        if let Some(d) = self.verbs_srq_max_depth {
+            c.srq_max_depth = d;
+        }
         if let Some(n) = self.verbs_poll_together {
             c.poll_together_from = n;
         }
@@ -81,6 +89,7 @@ mod tests {
         let a = VerbsArgs {
             verbs_poll_us: Some(250),
             verbs_srq_depth: Some(0),
+            verbs_srq_max_depth: Some(512),
             verbs_poll_together: Some(64),
             verbs_exposure: Some(Exposure::Registration),
             verbs_device: None,
@@ -89,6 +98,7 @@ mod tests {
         let c = a.config();
         assert_eq!(c.poll_spin, Duration::from_micros(250));
         assert_eq!(c.srq_depth, 0);
+        assert_eq!(c.srq_max_depth, 512);
         assert_eq!(c.poll_together_from, 64);
         assert_eq!(c.exposure, Exposure::Registration);
         assert_eq!(c.eager_limit, 32 << 10);
@@ -98,6 +108,7 @@ mod tests {
             (
                 d.poll_spin,
                 d.srq_depth,
+                d.srq_max_depth,
                 d.poll_together_from,
                 d.exposure,
                 d.eager_limit
@@ -105,6 +116,7 @@ mod tests {
             (
                 lib.poll_spin,
                 lib.srq_depth,
+                lib.srq_max_depth,
                 lib.poll_together_from,
                 lib.exposure,
                 lib.eager_limit

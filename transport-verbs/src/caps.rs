@@ -132,8 +132,12 @@ pub struct Paths {
     pub exposure: ExposurePath,
     /// Why that path (the setting, or what the device lacks).
     pub exposure_why: String,
-    /// Buffers in the device's shared receive queue, 0 when each connection posts its own.
+    /// Buffers the device's shared receive queue starts with, 0 when each connection posts
+    /// its own.
     pub srq_depth: usize,
+    /// Most buffers the shared receive queue grows to (`srq_max_depth` within the device, at
+    /// least `srq_depth`); 0 without a shared queue.
+    pub srq_max_depth: usize,
     /// Credits (and, without a shared queue, receive buffers posted) per connection.
     pub recv_depth: usize,
     /// Why (shared, or why not).
@@ -171,10 +175,11 @@ impl Paths {
                 format!("no type-2 memory window ({why})"),
             ),
         };
-        let (srq_depth, receive_why) = if cfg.srq_depth == 0 {
-            (0, "srq_depth = 0".to_owned())
+        let (srq_depth, srq_max_depth, receive_why) = if cfg.srq_depth == 0 {
+            (0, 0, "srq_depth = 0".to_owned())
         } else if exposure == ExposurePath::Registration {
             (
+                0,
                 0,
                 "a protection domain per connection (registration exposure), and a shared \
                  receive queue belongs to one"
@@ -183,21 +188,24 @@ impl Paths {
         } else if iwarp {
             (
                 0,
+                0,
                 "iWARP has no receiver-not-ready retry: credits must match posted buffers \
                  exactly"
                     .to_owned(),
             )
         } else {
             match caps.srq {
-                None => (0, "the device has no shared receive queue".to_owned()),
+                None => (0, 0, "the device has no shared receive queue".to_owned()),
                 Some(l) => {
-                    let depth = cfg.srq_depth.min(l.max_wr as usize);
+                    let most = l.max_wr as usize;
+                    let depth = cfg.srq_depth.min(most);
+                    let max = cfg.srq_max_depth.max(cfg.srq_depth).min(most);
                     let why = if depth < cfg.srq_depth {
                         format!("shared, {depth} buffers (the device's most)")
                     } else {
                         "shared by the device's connections".to_owned()
                     };
-                    (depth, why)
+                    (depth, max, why)
                 }
             }
         };
@@ -214,6 +222,7 @@ impl Paths {
             exposure,
             exposure_why,
             srq_depth,
+            srq_max_depth,
             recv_depth,
             receive_why,
             inline_size: cfg.inline_size.min(caps.max_inline as usize),
@@ -246,6 +255,7 @@ impl Paths {
     pub fn apply(&self, cfg: &VerbsConfig) -> VerbsConfig {
         let mut c = cfg.clone();
         c.srq_depth = self.srq_depth;
+        c.srq_max_depth = self.srq_max_depth;
         c.recv_depth = self.recv_depth;
         c.inline_size = self.inline_size;
         c.read_depth = usize::from(self.read_depth);
@@ -305,8 +315,8 @@ impl fmt::Display for Paths {
             self.exposure_why,
             if self.srq_depth > 0 {
                 format!(
-                    "{} in a shared queue ({})",
-                    self.srq_depth, self.receive_why
+                    "{} in a shared queue growing to {} ({})",
+                    self.srq_depth, self.srq_max_depth, self.receive_why
                 )
             } else {
                 format!("{} per connection ({})", self.recv_depth, self.receive_why)
@@ -479,12 +489,40 @@ mod tests {
     }
 
     #[test]
+    fn the_shared_queue_grows_from_srq_depth_to_srq_max_depth_within_the_device() {
+        let mut cfg = VerbsConfig {
+            srq_depth: 8,
+            srq_max_depth: 32,
+            ..VerbsConfig::default()
+        };
+        let p = caps(RdmaTransport::Roce, true, true).paths(&cfg);
+        assert_eq!((p.srq_depth, p.srq_max_depth), (8, 32));
+        assert_eq!(p.apply(&VerbsConfig::default()).srq_max_depth, 32);
+        assert!(
+            p.to_string().contains("8 in a shared queue growing to 32"),
+            "{p}"
+        );
+        // A cap below the starting depth keeps the queue where it starts.
+        cfg.srq_max_depth = 4;
+        let p = caps(RdmaTransport::Roce, true, true).paths(&cfg);
+        assert_eq!((p.srq_depth, p.srq_max_depth), (8, 8));
+        // No shared queue, nothing to grow.
+        cfg.srq_depth = 0;
+        let p = caps(RdmaTransport::Roce, true, true).paths(&cfg);
+        assert_eq!((p.srq_depth, p.srq_max_depth), (0, 0));
+    }
+
+    #[test]
     fn auto_takes_windows_where_they_bind_and_registrations_elsewhere() {
         let cfg = VerbsConfig::default();
         let rxe = caps(RdmaTransport::Roce, true, true).paths(&cfg);
         assert_eq!(rxe.exposure, ExposurePath::MemoryWindow);
         // The device holds 64 buffers per shared queue: the depth is cut to it.
         assert_eq!(rxe.srq_depth, 64);
+        assert_eq!(
+            rxe.srq_max_depth, 64,
+            "the growth cap is cut to the device too"
+        );
         assert!(rxe.receive_why.contains("device's most"), "{rxe}");
         assert_eq!(rxe.inline_size, 64);
         assert_eq!(rxe.read_depth, 8);

@@ -77,15 +77,24 @@ pub struct VerbsConfig {
     /// granted to it. With a shared receive queue (`srq_depth` > 0) this is a quota over the
     /// device's shared buffers; without one, each connection posts this many buffers.
     pub recv_depth: usize,
-    /// Receive buffers (of `recv_buf_size()` bytes) in the device's shared receive queue, used
-    /// by every connection of the transport on that device, so receive memory does not grow
-    /// with the number of connections. The queue may hold fewer buffers than the credits of
-    /// all connections together: when a burst finds it empty the sender's device retries a
-    /// moment later (an RNR retry, counted by the device, never a loss). 0: every connection
-    /// posts `recv_depth` buffers of its own (and one spare) instead. Under a finite `RLIMIT_MEMLOCK` (without
+    /// Receive buffers (of `recv_buf_size()` bytes) the device's shared receive queue starts
+    /// with, used by every connection of the transport on that device, so receive memory does
+    /// not grow with the number of connections. The queue may hold fewer buffers than the
+    /// credits of all connections together: when a burst finds it empty the sender's device
+    /// retries a moment later (an RNR retry, counted by the device, never a loss), and the
+    /// queue grows (see `srq_max_depth`). 0: every connection posts `recv_depth` buffers of
+    /// its own (and one spare) instead. Under a finite `RLIMIT_MEMLOCK` (without
     /// `CAP_IPC_LOCK`) the queue gets fewer buffers when these would not fit in half of the
     /// limit (at least 4).
     pub srq_depth: usize,
+    /// Most buffers the shared receive queue grows to. Each time it runs low (fewer than a
+    /// quarter of its buffers posted: its low-water event) its depth doubles, up to this, so
+    /// receive memory follows the messages in flight at once (a thousand clients calling
+    /// together) rather than the number of connections. It does not shrink while the
+    /// transport lives. Values up to `srq_depth` (0 included) keep the queue at `srq_depth`;
+    /// the same locked-memory rule applies as to `srq_depth`. Every connection's completion
+    /// queue has room for this many receives.
+    pub srq_max_depth: usize,
     /// Send queue depth (work requests in flight, including RDMA READs).
     pub send_depth: usize,
     /// Inline data requested from the device (0 disables inline sends).
@@ -177,6 +186,7 @@ impl Default for VerbsConfig {
             eager_limit: 64 << 10,
             recv_depth: 64,
             srq_depth: 128,
+            srq_max_depth: 1024,
             send_depth: 128,
             inline_size: 128,
             zero_copy_recv_min: 4096,
@@ -230,6 +240,9 @@ impl VerbsConfig {
             return Err(VerbsError::Config(
                 "srq_depth must be 0 (no shared receive queue) or within 4..=16384",
             ));
+        }
+        if self.srq_max_depth > engine::MAX_DEPTH as usize {
+            return Err(VerbsError::Config("srq_max_depth must be at most 16384"));
         }
         if self.send_depth < 8 {
             return Err(VerbsError::Config("send_depth must be at least 8"));
@@ -298,5 +311,21 @@ impl VerbsConfig {
         caps.registered_buffers = true;
         caps.event_fd = !self.busy_poll;
         caps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_queue_cap_over_the_protocols_depth_is_refused() {
+        let mut c = VerbsConfig::default();
+        assert!(c.validate().is_ok());
+        c.srq_max_depth = engine::MAX_DEPTH as usize + 1;
+        assert!(matches!(c.validate(), Err(VerbsError::Config(m)) if m.contains("srq_max_depth")));
+        // A cap below the starting depth is no error: the queue keeps `srq_depth`.
+        c.srq_max_depth = 0;
+        assert!(c.validate().is_ok());
     }
 }

@@ -14,8 +14,10 @@
 //! below its low-water mark (`IBV_EVENT_SRQ_LIMIT_REACHED`), the buffers it misses sit in
 //! completions nobody has polled yet: those of connections that spin on a runtime busy with
 //! other connections (a CQ that spins raises no event). The pump then drains every
-//! connection's CQ ([`CqRoute::handle_events`]) and arms the limit again, so the senders
-//! find buffers instead of retrying on RNR NAKs until each runtime comes round.
+//! connection's CQ ([`CqRoute::handle_events`]), deepens the queue (its depth doubles, up to
+//! `srq_max_depth`: more messages are in flight at once than it holds) and arms the limit
+//! again, so the senders find buffers instead of retrying on RNR NAKs until each runtime
+//! comes round.
 //!
 //! A thread, not a task, for the reason the rdma_cm pump is one (`cm.rs`): connections of one
 //! transport live on several runtimes, and each must keep getting its events when another
@@ -60,6 +62,8 @@ pub(crate) trait LowWater: Send + Sync {
     fn key(&self) -> usize;
     /// Asks the device for the next low-water event.
     fn arm(&self) -> std::io::Result<()>;
+    /// Deepens the queue (up to its capacity); returns its depth after.
+    fn grow(&self) -> std::io::Result<usize>;
 }
 
 impl<B: crate::ffi::LocalMemory> LowWater for crate::ffi::Srq<B> {
@@ -68,6 +72,9 @@ impl<B: crate::ffi::LocalMemory> LowWater for crate::ffi::Srq<B> {
     }
     fn arm(&self) -> std::io::Result<()> {
         self.arm_limit()
+    }
+    fn grow(&self) -> std::io::Result<usize> {
+        crate::ffi::Srq::grow(self)
     }
 }
 
@@ -122,7 +129,7 @@ impl CqPump {
     }
 
     /// The shared receive queue ran low: drains every connection's CQ (their completions
-    /// hold its buffers), then arms the limit again. Runs on a pump thread.
+    /// hold its buffers), grows the queue, then arms the limit again. Runs on a pump thread.
     fn reclaim(&self) {
         let handlers: Vec<OnEvent> = self
             .lock()
@@ -147,6 +154,14 @@ impl CqPump {
             .as_ref()
             .and_then(Weak::upgrade);
         if let Some(q) = q {
+            // Low again: more messages are in flight at once than the queue holds. It grows
+            // (doubling, up to its capacity) before the limit is armed at its new quarter.
+            match q.grow() {
+                Ok(depth) => tracing::debug!(depth, "shared receive queue low: grown"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the shared receive queue could not grow")
+                }
+            }
             if let Err(e) = q.arm() {
                 tracing::warn!(error = %e, "ibv_modify_srq (limit) failed; the shared receive queue is no longer watched");
             }

@@ -182,9 +182,12 @@ pub struct MemoryUse {
     /// × `recv_buf_size()`: one spare beyond the credits).
     pub per_connection_bytes: usize,
     /// The part of `registered_bytes` posted to the devices' shared receive queues right now
-    /// (`srq_depth` × `recv_buf_size()` per device once its first connection was made), shared
-    /// by every connection: it does not grow with the number of connections.
+    /// (`shared_receive_buffers` × `recv_buf_size()` once every buffer is back), shared by
+    /// every connection: it does not grow with the number of connections.
     pub shared_receive_bytes: usize,
+    /// Buffers the devices' shared receive queues keep posted: `srq_depth` per device once
+    /// its first connection was made, more where a queue grew (up to `srq_max_depth`).
+    pub shared_receive_buffers: usize,
     /// The part of `registered_bytes` in pool buffers taken from the pools and not returned,
     /// other than posted receive buffers (those of the shared receive queues and the
     /// connections' own): buffers held by messages in flight, send buffers from
@@ -324,6 +327,7 @@ impl Domains {
             let own = d.own.load(Ordering::Relaxed);
             let posted = d.posted.load(Ordering::Relaxed);
             let shared_posted = d.srq.as_ref().map_or(0, |s| s.posted_bytes());
+            m.shared_receive_buffers += d.srq.as_ref().map_or(0, |s| s.depth());
             m.connections += d.connections.load(Ordering::Relaxed);
             m.per_connection_bytes += own + posted;
             m.registered_bytes += own + d.pool.registered_bytes();
@@ -377,20 +381,24 @@ fn new_domain(
     let srq = if paths.srq_depth > 0 {
         let pool = pool.for_connection(Arc::default());
         let size = cfg.recv_buf_size();
-        let depth = srq_depth_within(paths.srq_depth, size, crate::ffi::memlock_budget());
-        if depth < paths.srq_depth {
+        let budget = crate::ffi::memlock_budget();
+        let depth = srq_depth_within(paths.srq_depth, size, budget);
+        let max = srq_depth_within(paths.srq_max_depth, size, budget).max(depth);
+        if depth < paths.srq_depth || max < paths.srq_max_depth {
             tracing::warn!(
                 device,
                 configured = paths.srq_depth,
+                configured_max = paths.srq_max_depth,
                 depth,
+                max,
                 memlock_limit = crate::ffi::memlock_limit(),
                 "shared receive queue made smaller to fit in half of RLIMIT_MEMLOCK; \
-                 raise the limit (ulimit -l) for the configured depth"
+                 raise the limit (ulimit -l) for the configured depths"
             );
         }
         let fresh: crate::ffi::FreshBuf<PoolBuf> =
             Box::new(move || pool.get_recv(size).map_err(std::io::Error::other));
-        Some(Srq::new(&pd, depth, size, fresh)?)
+        Some(Srq::new(&pd, depth, max, size, fresh)?)
     } else {
         None
     };

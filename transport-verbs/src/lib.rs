@@ -74,8 +74,9 @@
 //!   credits waits (`credit_stalls`). A message that arrives without a credit fails its
 //!   connection ([`ProtocolViolation::NoCredit`]).
 //! - **Receive buffers.** By default the transport's connections on a device receive through
-//!   one shared receive queue (SRQ) of `srq_depth` buffers (128 × 64 KiB, 8 MiB): receive memory
-//!   does not grow with connections. Credits are then a per-connection quota over the shared
+//!   one shared receive queue (SRQ) that starts with `srq_depth` buffers (128 × 64 KiB, 8 MiB)
+//!   and grows with the messages in flight at once, up to `srq_max_depth` (1024, 64 MiB):
+//!   receive memory does not grow with connections. Credits are then a per-connection quota over the shared
 //!   buffers, and the queue may hold fewer buffers than all connections' credits together: a
 //!   burst that finds it empty is retried by the sender's device after an RNR delay of 0.12 ms
 //!   (`min_rnr_timer` 7, set on every queue pair; rdma_cm's default is 655 ms), never lost.
@@ -85,8 +86,11 @@
 //!   limit is armed at a quarter of its depth, and when it runs below that
 //!   (`IBV_EVENT_SRQ_LIMIT_REACHED`) the device's pump thread drains the CQ of every
 //!   connection that is not asleep on the channel, so that a connection spinning on a busy or
-//!   blocked runtime does not keep the other connections' buffers (a device that cannot arm
-//!   the limit is used without it). With `srq_depth = 0` each connection posts `recv_depth`
+//!   blocked runtime does not keep the other connections' buffers, and the queue's depth
+//!   doubles (up to `srq_max_depth`; it never shrinks, as UCX's rc queues are made 4095 deep
+//!   from the start): a thousand clients calling at once then find a buffer each instead of
+//!   retrying on RNR NAKs (a device that cannot arm the limit is used without it, at
+//!   `srq_depth`). With `srq_depth = 0` each connection posts `recv_depth`
 //!   buffers of its own (and one spare, where a message sent without a credit lands) instead (4 MiB per connection with the defaults), and the receiver never
 //!   runs out of posted buffers.
 //! - **Eager.** A message whose header and payload fit the peer's receive buffer is sent by
@@ -161,7 +165,7 @@
 //!   34 doorbells one by one, 2 as a batch).
 //! - **No lost completion.** The CQ is sized for every work request that can complete before
 //!   the driver polls: the send queue plus the connection's own receive queue, or, through the
-//!   shared queue, all of its `srq_depth` buffers (a peer that ignores its credits can fill
+//!   shared queue, all the `srq_max_depth` buffers it can grow to (a peer that ignores its credits can fill
 //!   every slot before its connection fails; a slot is posted again only after its completion
 //!   was polled). So it cannot overflow, and no shared buffer is lost with a completion.
 //! - **Teardown.** `close()` sends CLOSE (the peer's receiver sees a clean end); dropping both
@@ -198,7 +202,8 @@
 //! - receive buffers: its credits' worth (`recv_depth`) of the shared receive queue, or of its
 //!   connection's own buffers with `srq_depth = 0`. A peer that sends beyond its credits takes
 //!   shared buffers from other connections for a moment (they wait an RNR delay, nothing is
-//!   lost) until its first message without a credit fails its connection
+//!   lost; the queue may grow, never beyond `srq_max_depth`) until its first message without
+//!   a credit fails its connection
 //!   (`tests/hostile.rs`: 120 messages with 15 allowed; the other connection goes on and the
 //!   queue is full again afterwards);
 //! - rendezvous targets: `max_rendezvous_in` transfers and `max_rendezvous_in_bytes` (one
@@ -291,11 +296,12 @@
 //! ```
 //!
 //! Registered memory is locked memory: with the defaults the first connection on a device
-//! registers the shared receive queue (128 × 64 KiB + headers, 8.4 MB) and each connection
-//! 16 KiB of send slots, plus the pool's send and rendezvous buffers as traffic needs them.
+//! registers the shared receive queue (128 × 64 KiB + headers, 8.4 MB; up to 1024 buffers,
+//! 67 MB, where many messages are in flight at once) and each connection 16 KiB of send
+//! slots, plus the pool's send and rendezvous buffers as traffic needs them.
 //! Under a finite `RLIMIT_MEMLOCK` (8 MiB is a common default; `CAP_IPC_LOCK` lifts it) the
-//! shared receive queue is made smaller to fit in half of the limit (at least 4 buffers; a
-//! warning names both depths, and [`MemoryUse::shared_receive_bytes`] shows the result), so
+//! shared receive queue and its growth cap are made smaller to fit in half of the limit (at
+//! least 4 buffers; a warning names the depths, and [`MemoryUse::shared_receive_bytes`] shows the result), so
 //! the defaults connect. A registration that still does not fit fails with
 //! [`VerbsError::Registration`], which names the limit: raise it (`ulimit -l unlimited`), or
 //! lower `srq_depth` or `eager_limit`.

@@ -220,7 +220,6 @@ fn an_eager_flood_beyond_the_credits_fails_only_its_connection() {
         // A well-behaved connection on the same transport, so on the same shared receive queue
         // (where the device's paths have one).
         let mut good = common::open_pair(&verbs, &mut l, addr).await;
-        let srq_full = common::paths(&verbs).srq_depth * cfg.recv_buf_size();
         let mut peer = RawPeer::connect(addr, cfg.clone())
             .await
             .expect("raw connect");
@@ -284,7 +283,7 @@ fn an_eager_flood_beyond_the_credits_fails_only_its_connection() {
         tokio::join!(send, recv);
         // Every buffer the flood took is back in the shared queue once the peer is gone.
         drop((peer, srx));
-        common::srq_refilled(&verbs, srq_full).await;
+        common::srq_refilled(&verbs, cfg.recv_buf_size()).await;
         still_serving(&verbs, &mut l, addr).await;
     });
 }

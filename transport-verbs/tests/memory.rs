@@ -40,7 +40,6 @@ fn idle_connections_keep_at_most_their_bound_registered() {
         let paths = common::paths(&verbs);
         let srq_depth = paths.srq_depth;
         let bound = per_connection_bound(&cfg, &paths);
-        let srq_bytes = srq_depth * cfg.recv_buf_size();
         let (m0, rss0) = (verbs.memory_use(), common::rss());
         const MORE: usize = 16;
         for _ in 0..MORE {
@@ -76,7 +75,11 @@ fn idle_connections_keep_at_most_their_bound_registered() {
         if srq_depth > 0 {
             assert!(held <= 64 << 10, "{held} bytes registered per connection");
         }
-        common::srq_refilled(&verbs, srq_bytes).await;
+        let m = common::srq_refilled(&verbs, cfg.recv_buf_size()).await;
+        assert!(
+            m.shared_receive_buffers <= srq_depth,
+            "idle connections grew the shared receive queue: {m:?}"
+        );
         // Open and idle, the shared queue full again: no buffer is out but those posted.
         let m = verbs.memory_use();
         assert_eq!(m.lent_bytes, 0, "idle connections: {m:?}");
@@ -180,9 +183,11 @@ fn more_credits_than_shared_buffers_lose_nothing() {
     common::run(async move {
         // Four connections may each have 64 messages in flight towards the server, into a
         // shared receive queue of 8 buffers: bursts find it empty and the senders' devices
-        // retry (RNR). Every message still arrives, whole and in order.
+        // retry (RNR); the queue is kept from growing. Every message still arrives, whole and
+        // in order.
         let mut cfg = VerbsConfig::default();
         cfg.srq_depth = 8;
+        cfg.srq_max_depth = 8;
         cfg.recv_depth = 64;
         cfg.eager_limit = 8192;
         let verbs = VerbsTransport::new(cfg.clone()).expect("transport");
@@ -193,7 +198,6 @@ fn more_credits_than_shared_buffers_lose_nothing() {
             p.push(common::open_pair(&verbs, &mut listener, addr).await);
         }
         // (Without a shared queue on this device's paths, each connection posts its 64.)
-        let full = common::paths(&verbs).srq_depth * cfg.recv_buf_size();
         let [a, b, c, d] = &mut p[..] else {
             unreachable!("four pairs")
         };
@@ -204,7 +208,7 @@ fn more_credits_than_shared_buffers_lose_nothing() {
             stream(&mut c.client.0, &mut c.server.1, 3, 500, 100),
             stream(&mut d.client.0, &mut d.server.1, 4, 500, 6000),
         );
-        common::srq_refilled(&verbs, full).await;
+        common::srq_refilled(&verbs, cfg.recv_buf_size()).await;
     });
 }
 
@@ -218,11 +222,9 @@ fn the_shared_receive_queue_is_full_again_after_connections_close_mid_stream() {
         let verbs = VerbsTransport::new(cfg.clone()).expect("transport");
         let mut listener = verbs.listen(&addr).await.expect("listen");
         let addr = listener.local_addr().expect("addr");
-        let mut full = None;
         let mut held = None;
         for round in 0..8 {
             let mut p = common::open_pair(&verbs, &mut listener, addr).await;
-            full.get_or_insert(common::paths(&verbs).srq_depth * cfg.recv_buf_size());
             if round == 7 {
                 // A payload the application keeps: read by rendezvous into a pool buffer,
                 // lent to it until it drops the payload.
@@ -271,7 +273,7 @@ fn the_shared_receive_queue_is_full_again_after_connections_close_mid_stream() {
         drop(held);
         loop {
             let m = verbs.memory_use();
-            let full = full.expect("a round ran");
+            let full = m.shared_receive_buffers * cfg.recv_buf_size();
             // Without a shared queue, every connection's buffers went with it. Every buffer
             // taken for a message, a READ or a payload came back to its pool.
             if m.connections == 0

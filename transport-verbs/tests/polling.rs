@@ -155,7 +155,11 @@ const SMALL_SRQ: usize = 8;
 #[test]
 fn a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked() {
     // Pure event mode: the server's driver sleeps on the channel as soon as it is idle.
-    messages_reach_a_blocked_runtime(Duration::ZERO);
+    let depth = messages_reach_a_blocked_runtime(Duration::ZERO, SMALL_SRQ);
+    assert!(
+        depth.is_none_or(|d| d == SMALL_SRQ),
+        "grew beyond its cap: {depth:?}"
+    );
 }
 
 /// Like `a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked`, but the
@@ -167,24 +171,43 @@ fn a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked() {
 /// docs/notes/2026-12-04-scenarios-srq-low-water-event.md).
 #[test]
 fn a_spinning_connection_gives_back_its_buffers_while_its_runtime_is_blocked() {
-    messages_reach_a_blocked_runtime(Duration::from_secs(120));
+    let depth = messages_reach_a_blocked_runtime(Duration::from_secs(120), SMALL_SRQ);
+    assert!(
+        depth.is_none_or(|d| d == SMALL_SRQ),
+        "grew beyond its cap: {depth:?}"
+    );
+}
+
+/// As `a_spinning_connection_gives_back_its_buffers_while_its_runtime_is_blocked`, with room to
+/// grow: four times the queue's depth in flight at once runs it low, and at its low-water
+/// event the queue doubles, up to `srq_max_depth` and not beyond. A thousand clients calling
+/// together then find a buffer each instead of retrying on RNR NAKs
+/// (docs/notes/2026-12-06-srq-grows.md).
+#[test]
+fn a_shared_receive_queue_that_runs_low_grows_up_to_its_cap() {
+    let cap = 2 * SMALL_SRQ;
+    match messages_reach_a_blocked_runtime(Duration::from_secs(120), cap) {
+        Some(depth) => assert_eq!(depth, cap, "the queue's depth after running low"),
+        None => eprintln!("no shared receive queue on this device's paths: nothing to grow"),
+    }
 }
 
 /// Sends four times the shared receive queue's depth to a server connection whose runtime is
 /// blocked (its driver spins for `poll_spin` after activity), and asserts they all reach its
-/// engine meanwhile, then arrive whole and in order.
-fn messages_reach_a_blocked_runtime(poll_spin: Duration) {
+/// engine meanwhile, then arrive whole and in order. The queue may grow to `srq_max_depth`;
+/// returns its depth after (`None`: the device's paths have no shared queue).
+fn messages_reach_a_blocked_runtime(poll_spin: Duration, srq_max_depth: usize) -> Option<usize> {
     let _alone = one_at_a_time();
-    let Some(addr) = common::listen_addr_or_skip("polling") else {
-        return;
-    };
+    let addr = common::listen_addr_or_skip("polling")?;
     const MSGS: usize = 4 * SMALL_SRQ;
     const BODY: &[u8] = b"parked";
     let mut config = VerbsConfig::default();
     config.srq_depth = SMALL_SRQ;
+    config.srq_max_depth = srq_max_depth;
     config.poll_spin = poll_spin;
     let shared_queue = common::device_paths(&config, addr.ip()).srq_depth > 0;
     let server_verbs = VerbsTransport::new(config).expect("transport");
+    let server_transport = server_verbs.clone();
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (metrics_tx, metrics_rx) = std::sync::mpsc::channel();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
@@ -289,6 +312,7 @@ fn messages_reach_a_blocked_runtime(poll_spin: Duration) {
         assert_eq!(order, expected, "messages out of order");
         drop(tx);
     });
+    shared_queue.then(|| server_transport.memory_use().shared_receive_buffers)
 }
 
 /// Messages in the batch of `a_batch_of_sends_rings_one_doorbell_not_one_per_message`.

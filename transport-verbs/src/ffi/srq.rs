@@ -8,7 +8,9 @@
 //! - a queue pair that receives through the SRQ keeps it alive ([`RawQp`] holds it), so the SRQ
 //!   outlives every queue pair that could still consume its buffers;
 //! - every slot a completion takes is posted again: with the same buffer when the glue gives it
-//!   back, otherwise with a fresh one ([`Srq::refill`]), so the depth stays what it was made with.
+//!   back, otherwise with a fresh one ([`Srq::refill`]), so the depth stays what it is;
+//! - the depth grows ([`Srq::grow`]: doubles, up to the capacity the SRQ was made with) when
+//!   the queue runs low, and never shrinks. Slots beyond the depth are never posted.
 
 use std::io;
 use std::ptr::NonNull;
@@ -26,8 +28,12 @@ use super::LocalMemory;
 pub(crate) type FreshBuf<B> = Box<dyn Fn() -> io::Result<B> + Send + Sync>;
 
 struct Table<B> {
+    /// One per slot of the capacity; only the first `depth` are ever posted.
     slots: Vec<Option<B>>,
+    /// Slots below `depth` holding no buffer.
     free: Vec<usize>,
+    /// Buffers the queue keeps posted: where it started, doubled at each [`Srq::grow`].
+    depth: usize,
     /// The lists of one post, kept for their capacity (each post rewrites them), so that
     /// posting allocates nothing. Their pointers are used only during that post.
     sges: Vec<sys::ibv_sge>,
@@ -41,6 +47,8 @@ pub(crate) struct Srq<B: LocalMemory> {
     table: Mutex<Table<B>>,
     /// Buffers posted right now.
     posted: AtomicUsize,
+    /// Slots (and the SRQ's `max_wr`): the most buffers it can grow to.
+    capacity: usize,
     buf_size: usize,
     fresh: FreshBuf<B>,
     _pd: Arc<ProtectionDomain>,
@@ -53,17 +61,21 @@ unsafe impl<B: LocalMemory> Send for Srq<B> {}
 unsafe impl<B: LocalMemory> Sync for Srq<B> {}
 
 impl<B: LocalMemory> Srq<B> {
-    /// Creates an SRQ of `depth` buffers of `buf_size` bytes on `pd` and fills it.
+    /// Creates an SRQ that can hold `capacity` buffers of `buf_size` bytes on `pd` and fills
+    /// `depth` of them (`depth` is raised to at least 1, `capacity` to at least `depth`).
     pub(crate) fn new(
         pd: &Arc<ProtectionDomain>,
         depth: usize,
+        capacity: usize,
         buf_size: usize,
         fresh: FreshBuf<B>,
     ) -> io::Result<Arc<Srq<B>>> {
+        let depth = depth.max(1);
+        let capacity = capacity.max(depth);
         let mut init = sys::ibv_srq_init_attr {
             srq_context: std::ptr::null_mut(),
             attr: sys::ibv_srq_attr {
-                max_wr: u32::try_from(depth).map_err(|_| io::ErrorKind::InvalidInput)?,
+                max_wr: u32::try_from(capacity).map_err(|_| io::ErrorKind::InvalidInput)?,
                 max_sge: 1,
                 srq_limit: 0,
             },
@@ -75,12 +87,14 @@ impl<B: LocalMemory> Srq<B> {
         let s = Arc::new(Srq {
             srq,
             table: Mutex::new(Table {
-                slots: (0..depth).map(|_| None).collect(),
+                slots: (0..capacity).map(|_| None).collect(),
                 free: (0..depth).rev().collect(),
+                depth,
                 sges: Vec::new(),
                 wrs: Vec::new(),
             }),
             posted: AtomicUsize::new(0),
+            capacity,
             buf_size,
             fresh,
             _pd: pd.clone(),
@@ -94,13 +108,31 @@ impl<B: LocalMemory> Srq<B> {
         self.srq.as_ptr()
     }
 
-    /// Slots of the queue (buffers it holds when full).
+    /// Buffers the queue keeps posted now (it holds them when full).
     pub(crate) fn depth(&self) -> usize {
-        self.table
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .slots
-            .len()
+        self.table.lock().unwrap_or_else(|p| p.into_inner()).depth
+    }
+
+    /// The most buffers the queue can grow to: every one of them may be taken by receives
+    /// before a connection's CQ is polled, so each CQ has room for this many.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Doubles the depth, up to the capacity, and posts fresh buffers into the new slots.
+    /// Returns the depth after it (unchanged at the capacity). On failure (no memory for
+    /// the fresh buffers) the slots stay free and the next refill tries them again.
+    pub(crate) fn grow(&self) -> io::Result<usize> {
+        let depth = {
+            let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+            let from = t.depth;
+            let to = from.saturating_mul(2).min(self.capacity);
+            t.free.extend((from..to).rev());
+            t.depth = to;
+            to
+        };
+        self.refill()?;
+        Ok(depth)
     }
 
     /// Buffers posted right now.
@@ -119,7 +151,7 @@ impl<B: LocalMemory> Srq<B> {
     }
 
     /// Posted buffers below which the device reports the SRQ low ([`Srq::arm_limit`]): a
-    /// quarter of its slots, at least one.
+    /// quarter of its depth, at least one.
     pub(crate) fn low_water(&self) -> usize {
         (self.depth() / 4).max(1)
     }
@@ -306,11 +338,12 @@ impl<B: LocalMemory> Clone for RecvQueue<B> {
 
 impl<B: LocalMemory> RecvQueue<B> {
     /// Receives this queue pair can complete before its driver polls: its own queue's depth,
-    /// or every slot of the shared queue (a peer that ignores its credits can fill them all).
+    /// or every slot the shared queue can grow to (a peer that ignores its credits can fill
+    /// them all).
     pub(crate) fn completions(&self) -> usize {
         match self {
             RecvQueue::Own(d) => *d,
-            RecvQueue::Shared(s) => s.depth(),
+            RecvQueue::Shared(s) => s.capacity(),
         }
     }
 }

@@ -87,23 +87,29 @@ pub fn rss() -> usize {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// Waits (at most 30 s) until the transport's shared receive queues hold `full` bytes again:
-/// a driver refills the slot a completion took right after handing the message over, so a
-/// reading taken just after a call may be one buffer short.
+/// Waits (at most 30 s) until the transport's shared receive queues hold every buffer of their
+/// depth again (`buf_size` bytes each): a driver refills the slot a completion took right
+/// after handing the message over, so a reading taken just after a call may be one buffer
+/// short. A queue may have grown meanwhile, never beyond the paths' `srq_max_depth`.
 #[allow(dead_code)] // not every test binary checks memory
 pub async fn srq_refilled(
     verbs: &transport_verbs::VerbsTransport,
-    full: usize,
+    buf_size: usize,
 ) -> transport_verbs::MemoryUse {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let cap = paths(verbs).srq_max_depth;
     loop {
         let m = verbs.memory_use();
-        if m.shared_receive_bytes == full {
+        assert!(
+            m.shared_receive_buffers <= cap,
+            "a shared receive queue grew beyond its cap {cap}: {m:?}"
+        );
+        if m.shared_receive_bytes == m.shared_receive_buffers * buf_size {
             return m;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "shared receive queues not refilled: {m:?}, full: {full}"
+            "shared receive queues not refilled: {m:?}, {buf_size} bytes a buffer"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
