@@ -14,9 +14,9 @@
 //! below its low-water mark (`IBV_EVENT_SRQ_LIMIT_REACHED`), the buffers it misses sit in
 //! completions nobody has polled yet: those of connections that spin on a runtime busy with
 //! other connections (a CQ that spins raises no event). The pump then drains every
-//! connection's CQ ([`CqRoute::handle_events`]), deepens the queue (its depth doubles, up to
-//! `srq_max_depth`: more messages are in flight at once than it holds) and arms the limit
-//! again, so the senders find buffers instead of retrying on RNR NAKs until each runtime
+//! connection's CQ ([`CqRoute::handle_events`]), arms the limit again and has the queue
+//! deepened on a thread of its own (its depth doubles, up to `srq_max_depth`: more messages
+//! are in flight at once than it holds), so the senders find buffers instead of retrying on RNR NAKs until each runtime
 //! comes round.
 //!
 //! A thread, not a task, for the reason the rdma_cm pump is one (`cm.rs`): connections of one
@@ -26,6 +26,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -64,6 +65,8 @@ pub(crate) trait LowWater: Send + Sync {
     fn arm(&self) -> std::io::Result<()>;
     /// Deepens the queue (up to its capacity); returns its depth after.
     fn grow(&self) -> std::io::Result<usize>;
+    /// Whether [`LowWater::grow`] would deepen it.
+    fn can_grow(&self) -> bool;
 }
 
 impl<B: crate::ffi::LocalMemory> LowWater for crate::ffi::Srq<B> {
@@ -75,6 +78,9 @@ impl<B: crate::ffi::LocalMemory> LowWater for crate::ffi::Srq<B> {
     }
     fn grow(&self) -> std::io::Result<usize> {
         crate::ffi::Srq::grow(self)
+    }
+    fn can_grow(&self) -> bool {
+        self.depth() < self.capacity()
     }
 }
 
@@ -94,6 +100,8 @@ pub(crate) struct CqPump {
     events: AsyncEvents,
     /// The domain's shared receive queue, if it has one (not kept alive by the pump).
     low_water: Mutex<Option<Weak<dyn LowWater>>>,
+    /// A thread deepens the shared receive queue right now ([`CqPump::reclaim`]).
+    growing: Arc<AtomicBool>,
 }
 
 impl CqPump {
@@ -106,6 +114,7 @@ impl CqPump {
             routes: Mutex::new(HashMap::new()),
             events: AsyncEvents::new(ctx)?,
             low_water: Mutex::new(None),
+            growing: Arc::default(),
         });
         let pumped = pump.clone();
         std::thread::Builder::new()
@@ -129,7 +138,8 @@ impl CqPump {
     }
 
     /// The shared receive queue ran low: drains every connection's CQ (their completions
-    /// hold its buffers), grows the queue, then arms the limit again. Runs on a pump thread.
+    /// hold its buffers), arms the limit again and has the queue grown (on a thread of its
+    /// own, which arms the limit at its new quarter). Runs on a pump thread.
     fn reclaim(&self) {
         let handlers: Vec<OnEvent> = self
             .lock()
@@ -154,16 +164,34 @@ impl CqPump {
             .as_ref()
             .and_then(Weak::upgrade);
         if let Some(q) = q {
-            // Low again: more messages are in flight at once than the queue holds. It grows
-            // (doubling, up to its capacity) before the limit is armed at its new quarter.
-            match q.grow() {
-                Ok(depth) => tracing::debug!(depth, "shared receive queue low: grown"),
-                Err(e) => {
-                    tracing::warn!(error = %e, "the shared receive queue could not grow")
-                }
-            }
             if let Err(e) = q.arm() {
                 tracing::warn!(error = %e, "ibv_modify_srq (limit) failed; the shared receive queue is no longer watched");
+            }
+            // Low: more messages are in flight at once than the queue holds. It doubles, up
+            // to its capacity, on a thread of its own: registering the fresh buffers takes a
+            // while (milliseconds per buffer under emulation), and this thread routes every
+            // connection's events meanwhile. The limit is armed at the new quarter after.
+            if q.can_grow() && !self.growing.swap(true, Ordering::AcqRel) {
+                let growing = self.growing.clone();
+                let grows = q.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("verbs-srq-grow".into())
+                    .spawn(move || {
+                        match grows.grow() {
+                            Ok(depth) => tracing::debug!(depth, "shared receive queue grown"),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "the shared receive queue could not grow")
+                            }
+                        }
+                        if let Err(e) = grows.arm() {
+                            tracing::warn!(error = %e, "ibv_modify_srq (limit) failed");
+                        }
+                        growing.store(false, Ordering::Release);
+                    });
+                if let Err(e) = spawned {
+                    self.growing.store(false, Ordering::Release);
+                    tracing::warn!(error = %e, "no thread to grow the shared receive queue");
+                }
             }
         }
     }

@@ -87,8 +87,8 @@
 //!   (`IBV_EVENT_SRQ_LIMIT_REACHED`) the device's pump thread drains the CQ of every
 //!   connection that is not asleep on the channel, so that a connection spinning on a busy or
 //!   blocked runtime does not keep the other connections' buffers, and the queue's depth
-//!   doubles (up to `srq_max_depth`; it never shrinks, as UCX's rc queues are made 4095 deep
-//!   from the start): a thousand clients calling at once then find a buffer each instead of
+//!   doubles (up to `srq_max_depth`, on a thread of its own; it never shrinks; UCX's rc
+//!   receive queues are 4095 deep by default): a thousand clients calling at once then find a buffer each instead of
 //!   retrying on RNR NAKs (a device that cannot arm the limit is used without it, at
 //!   `srq_depth`). With `srq_depth = 0` each connection posts `recv_depth`
 //!   buffers of its own (and one spare, where a message sent without a credit lands) instead (4 MiB per connection with the defaults), and the receiver never

@@ -155,11 +155,13 @@ const SMALL_SRQ: usize = 8;
 #[test]
 fn a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked() {
     // Pure event mode: the server's driver sleeps on the channel as soon as it is idle.
-    let depth = messages_reach_a_blocked_runtime(Duration::ZERO, SMALL_SRQ);
-    assert!(
-        depth.is_none_or(|d| d == SMALL_SRQ),
-        "grew beyond its cap: {depth:?}"
-    );
+    if let Some(server) = messages_reach_a_blocked_runtime(Duration::ZERO, SMALL_SRQ) {
+        let m = server.memory_use();
+        assert_eq!(
+            m.shared_receive_buffers, SMALL_SRQ,
+            "grew beyond its cap: {m:?}"
+        );
+    }
 }
 
 /// Like `a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked`, but the
@@ -171,11 +173,13 @@ fn a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked() {
 /// docs/notes/2026-12-04-scenarios-srq-low-water-event.md).
 #[test]
 fn a_spinning_connection_gives_back_its_buffers_while_its_runtime_is_blocked() {
-    let depth = messages_reach_a_blocked_runtime(Duration::from_secs(120), SMALL_SRQ);
-    assert!(
-        depth.is_none_or(|d| d == SMALL_SRQ),
-        "grew beyond its cap: {depth:?}"
-    );
+    if let Some(server) = messages_reach_a_blocked_runtime(Duration::from_secs(120), SMALL_SRQ) {
+        let m = server.memory_use();
+        assert_eq!(
+            m.shared_receive_buffers, SMALL_SRQ,
+            "grew beyond its cap: {m:?}"
+        );
+    }
 }
 
 /// As `a_spinning_connection_gives_back_its_buffers_while_its_runtime_is_blocked`, with room to
@@ -186,17 +190,39 @@ fn a_spinning_connection_gives_back_its_buffers_while_its_runtime_is_blocked() {
 #[test]
 fn a_shared_receive_queue_that_runs_low_grows_up_to_its_cap() {
     let cap = 2 * SMALL_SRQ;
-    match messages_reach_a_blocked_runtime(Duration::from_secs(120), cap) {
-        Some(depth) => assert_eq!(depth, cap, "the queue's depth after running low"),
-        None => eprintln!("no shared receive queue on this device's paths: nothing to grow"),
+    let Some(server) = messages_reach_a_blocked_runtime(Duration::from_secs(120), cap) else {
+        eprintln!("no shared receive queue on this device's paths: nothing to grow");
+        return;
+    };
+    // The queue grows on a thread of its own, started at the low-water event: its depth is
+    // the cap once that thread has begun, and every new buffer is posted when it ends.
+    let full = cap * server.config().recv_buf_size();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = server.memory_use();
+        assert!(
+            m.shared_receive_buffers <= cap,
+            "grew beyond its cap: {m:?}"
+        );
+        if m.shared_receive_buffers == cap && m.shared_receive_bytes == full {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the queue did not grow to {cap} buffers, all posted: {m:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
 /// Sends four times the shared receive queue's depth to a server connection whose runtime is
 /// blocked (its driver spins for `poll_spin` after activity), and asserts they all reach its
 /// engine meanwhile, then arrive whole and in order. The queue may grow to `srq_max_depth`;
-/// returns its depth after (`None`: the device's paths have no shared queue).
-fn messages_reach_a_blocked_runtime(poll_spin: Duration, srq_max_depth: usize) -> Option<usize> {
+/// returns the server's transport (`None`: the device's paths have no shared queue).
+fn messages_reach_a_blocked_runtime(
+    poll_spin: Duration,
+    srq_max_depth: usize,
+) -> Option<VerbsTransport> {
     let _alone = one_at_a_time();
     let addr = common::listen_addr_or_skip("polling")?;
     const MSGS: usize = 4 * SMALL_SRQ;
@@ -312,7 +338,7 @@ fn messages_reach_a_blocked_runtime(poll_spin: Duration, srq_max_depth: usize) -
         assert_eq!(order, expected, "messages out of order");
         drop(tx);
     });
-    shared_queue.then(|| server_transport.memory_use().shared_receive_buffers)
+    shared_queue.then_some(server_transport)
 }
 
 /// Messages in the batch of `a_batch_of_sends_rings_one_doorbell_not_one_per_message`.

@@ -24,6 +24,9 @@ use sideway::ibverbs::queue_pair::{BasicPostSendGuard, QueuePair};
 
 use super::LocalMemory;
 
+/// Fresh buffers [`Srq::grow`] makes before posting them.
+const GROW_BATCH: usize = 16;
+
 /// Makes a fresh receive buffer for the SRQ (the device's pool).
 pub(crate) type FreshBuf<B> = Box<dyn Fn() -> io::Result<B> + Send + Sync>;
 
@@ -119,20 +122,35 @@ impl<B: LocalMemory> Srq<B> {
         self.capacity
     }
 
-    /// Doubles the depth, up to the capacity, and posts fresh buffers into the new slots.
-    /// Returns the depth after it (unchanged at the capacity). On failure (no memory for
-    /// the fresh buffers) the slots stay free and the next refill tries them again.
+    /// Doubles the depth, up to the capacity, and posts fresh buffers into the new slots,
+    /// [`GROW_BATCH`] at a time: each fresh buffer is a registration, slow enough that the
+    /// first ones should be posted before the last are made. Returns the depth after it
+    /// (unchanged at the capacity). On failure (no memory for the fresh buffers) the slots
+    /// stay free and the next refill tries them again.
     pub(crate) fn grow(&self) -> io::Result<usize> {
-        let depth = {
+        let (from, to) = {
             let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
             let from = t.depth;
             let to = from.saturating_mul(2).min(self.capacity);
             t.free.extend((from..to).rev());
             t.depth = to;
-            to
+            (from, to)
         };
-        self.refill()?;
-        Ok(depth)
+        let mut left = to - from;
+        let mut bufs = Vec::with_capacity(GROW_BATCH);
+        while left > 0 {
+            let n = left.min(GROW_BATCH);
+            for _ in 0..n {
+                bufs.push((self.fresh)()?);
+            }
+            // Slots freed meanwhile by a failed repost are refilled here too.
+            if self.post(&mut bufs)? == 0 {
+                break;
+            }
+            bufs.clear();
+            left -= n;
+        }
+        Ok(to)
     }
 
     /// Buffers posted right now.
