@@ -16,8 +16,8 @@
 //! other connections (a CQ that spins raises no event). The pump then drains every
 //! connection's CQ ([`CqRoute::handle_events`]), arms the limit again and has the queue
 //! deepened on a thread of its own (its depth doubles, up to `srq_max_depth`: more messages
-//! are in flight at once than it holds), so the senders find buffers instead of retrying on RNR NAKs until each runtime
-//! comes round.
+//! are in flight at once than it holds), so the senders find buffers instead of retrying on
+//! RNR NAKs until each runtime comes round.
 //!
 //! A thread, not a task, for the reason the rdma_cm pump is one (`cm.rs`): connections of one
 //! transport live on several runtimes, and each must keep getting its events when another

@@ -124,33 +124,29 @@ impl<B: LocalMemory> Srq<B> {
 
     /// Doubles the depth, up to the capacity, and posts fresh buffers into the new slots,
     /// [`GROW_BATCH`] at a time: each fresh buffer is a registration, slow enough that the
-    /// first ones should be posted before the last are made. Returns the depth after it
-    /// (unchanged at the capacity). On failure (no memory for the fresh buffers) the slots
-    /// stay free and the next refill tries them again.
+    /// first ones should be posted before the last are made. The depth counts only slots
+    /// whose buffer was made: on failure (no memory for fresh buffers) it stays where the
+    /// made ones took it. Returns the depth after it (unchanged at the capacity).
     pub(crate) fn grow(&self) -> io::Result<usize> {
-        let (from, to) = {
-            let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
-            let from = t.depth;
-            let to = from.saturating_mul(2).min(self.capacity);
-            t.free.extend((from..to).rev());
-            t.depth = to;
-            (from, to)
-        };
-        let mut left = to - from;
+        let mut depth = self.depth();
+        let to = depth.saturating_mul(2).min(self.capacity);
         let mut bufs = Vec::with_capacity(GROW_BATCH);
-        while left > 0 {
-            let n = left.min(GROW_BATCH);
+        while depth < to {
+            let n = (to - depth).min(GROW_BATCH);
             for _ in 0..n {
                 bufs.push((self.fresh)()?);
             }
-            // Slots freed meanwhile by a failed repost are refilled here too.
-            if self.post(&mut bufs)? == 0 {
-                break;
+            {
+                let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+                let from = t.depth;
+                depth = (from + n).min(self.capacity);
+                t.free.extend((from..depth).rev());
+                t.depth = depth;
             }
+            self.post(&mut bufs)?;
             bufs.clear();
-            left -= n;
         }
-        Ok(to)
+        Ok(depth)
     }
 
     /// Buffers posted right now.
