@@ -721,10 +721,8 @@ impl Core {
         let Some(ep) = self.ep.as_mut() else {
             return (None, 0);
         };
-        let mut comps = std::mem::take(&mut self.completions);
         let engine = &mut self.engine;
-        let polled = ep.poll_recv_in_place(|b| engine.recv_small(b), &mut comps);
-        self.completions = comps;
+        let polled = ep.poll_recv_in_place(|b| engine.recv_small(b), &mut self.completions);
         match polled {
             Ok(InPlace::Empty) => (None, 0),
             Ok(InPlace::Taken(m)) => {

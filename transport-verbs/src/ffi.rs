@@ -348,6 +348,14 @@ pub fn drop_ipc_lock_capability() -> io::Result<()> {
 
 /// Bit set in the `wr_id` of receive work requests.
 const RECV_BIT: u64 = 1 << 63;
+/// The receive slot in a receive `wr_id` (bits 32..63 carry the shared receive queue's
+/// generation of the slot, [`srq::Srq::peek_posted`]).
+const SLOT_MASK: u64 = 0xffff_ffff;
+
+/// The receive slot a receive `wr_id` names.
+fn recv_slot(wr_id: u64) -> usize {
+    (wr_id & SLOT_MASK) as usize
+}
 /// Bytes of one control slot (transport header + message header).
 pub(crate) const CTRL_SLOT: usize = 128;
 
@@ -1409,11 +1417,11 @@ impl<B: LocalMemory> Endpoint<B> {
             self.complete_sq(wc.wr_id, status, others);
             return Ok(InPlace::Other);
         }
-        let slot = (wc.wr_id & !RECV_BIT) as usize;
+        let slot = recv_slot(wc.wr_id);
         // The buffer's memory, left where it is: only a completion naming its slot takes it
         // out, and this is that completion.
         let mem = match &self.srq {
-            Some(srq) => srq.peek(slot),
+            Some(srq) => srq.peek_posted(wc.wr_id),
             None => self
                 .recv
                 .get(slot)
@@ -1450,7 +1458,7 @@ impl<B: LocalMemory> Endpoint<B> {
         };
         match &self.srq {
             Some(srq) => {
-                if let Err(e) = srq.repost(slot, sge) {
+                if let Err(e) = srq.repost(wc.wr_id, sge) {
                     self.srq_took = true;
                     return Err(e);
                 }
@@ -1502,7 +1510,7 @@ impl<B: LocalMemory> Endpoint<B> {
             let wc = self.wcs[i];
             let status = wc_status(&wc);
             if wc.wr_id & RECV_BIT != 0 {
-                let slot = (wc.wr_id & !RECV_BIT) as usize;
+                let slot = recv_slot(wc.wr_id);
                 let buf = self.take_recv(slot);
                 let Some(buf) = buf else {
                     continue; // not ours (cannot happen): ignore rather than crash
@@ -1690,7 +1698,7 @@ impl<B: LocalMemory> Drop for Endpoint<B> {
             while let Ok(1..) = self.poll_wcs() {
                 for wc in &self.wcs {
                     if wc.wr_id & RECV_BIT != 0 {
-                        bufs.extend(srq.take((wc.wr_id & !RECV_BIT) as usize));
+                        bufs.extend(srq.take(recv_slot(wc.wr_id)));
                     }
                 }
             }

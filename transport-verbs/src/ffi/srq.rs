@@ -14,7 +14,7 @@
 
 use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rdma_mummy_sys as sys;
@@ -24,11 +24,26 @@ use sideway::ibverbs::queue_pair::{BasicPostSendGuard, QueuePair};
 
 use super::LocalMemory;
 
+/// The generations a slot's `wr_id` carries (31 bits: the bit above is `RECV_BIT`).
+const GENERATION_MASK: u32 = 0x7fff_ffff;
+
 /// Fresh buffers [`Srq::grow`] makes before posting them.
 const GROW_BATCH: usize = 16;
 
 /// Makes a fresh receive buffer for the SRQ (the device's pool).
 pub(crate) type FreshBuf<B> = Box<dyn Fn() -> io::Result<B> + Send + Sync>;
+
+/// Where the buffer of a slot is, readable without the table's lock: written while the slot is
+/// free (under the lock, before its post), read when a completion names the slot.
+#[derive(Default)]
+struct SlotMem {
+    addr: AtomicU64,
+    len: AtomicU32,
+    lkey: AtomicU32,
+    /// Counts the slot's posts with a new buffer; stored after the fields above (release) and
+    /// carried in the post's `wr_id`.
+    generation: AtomicU32,
+}
 
 struct Table<B> {
     /// One per slot of the capacity; only the first `depth` are ever posted.
@@ -50,6 +65,8 @@ pub(crate) struct Srq<B: LocalMemory> {
     table: Mutex<Table<B>>,
     /// Buffers posted right now.
     posted: AtomicUsize,
+    /// Each slot's buffer memory, for completions ([`Srq::peek_posted`]).
+    mem: Box<[SlotMem]>,
     /// Slots (and the SRQ's `max_wr`): the most buffers it can grow to.
     capacity: usize,
     buf_size: usize,
@@ -97,6 +114,7 @@ impl<B: LocalMemory> Srq<B> {
                 wrs: Vec::new(),
             }),
             posted: AtomicUsize::new(0),
+            mem: (0..capacity).map(|_| SlotMem::default()).collect(),
             capacity,
             buf_size,
             fresh,
@@ -203,22 +221,39 @@ impl<B: LocalMemory> Srq<B> {
         Some(buf)
     }
 
-    /// The memory of the buffer in `slot` (address, length, key), left in its slot: for a
-    /// receive completion whose buffer is posted again in place ([`Srq::repost`]). `None`:
-    /// the slot holds no buffer.
-    pub(crate) fn peek(&self, slot: usize) -> Option<(usize, usize, u32)> {
+    /// The memory of the buffer a receive completion names (address, length, key; `wr_id` as
+    /// the completion carries it), left in its slot: for a completion whose buffer is posted
+    /// again in place ([`Srq::repost`]). Read without the table's lock when the slot's
+    /// generation is the one posted with `wr_id`, else (cannot happen) under it. `None`: the
+    /// slot holds no buffer.
+    pub(crate) fn peek_posted(&self, wr_id: u64) -> Option<(usize, usize, u32)> {
+        let slot = super::recv_slot(wr_id);
+        let m = self.mem.get(slot)?;
+        // Acquire pairs with the release store in `post`: seeing the generation posted with
+        // `wr_id` makes that post's address, length and key visible. They cannot change
+        // since: a slot gets another buffer only after a completion naming it took the old
+        // one, and this completion is the one that does.
+        if m.generation.load(Ordering::Acquire) == (wr_id >> 32) as u32 & GENERATION_MASK {
+            return Some((
+                m.addr.load(Ordering::Relaxed) as usize,
+                m.len.load(Ordering::Relaxed) as usize,
+                m.lkey.load(Ordering::Relaxed),
+            ));
+        }
         let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
         let b = t.slots.get(slot)?.as_ref()?;
         Some((b.addr(), b.len(), b.lkey()))
     }
 
-    /// Posts the buffer still in `slot` again (`sge`, from [`Srq::peek`]), after its receive
-    /// completed and what was needed of it was copied out. The table is not touched: the slot
-    /// keeps its buffer, which only a completion naming the slot takes out. On failure the
-    /// buffer leaves the table (back to the pool) and the slot is free for a refill.
-    pub(crate) fn repost(&self, slot: usize, mut sge: sys::ibv_sge) -> io::Result<()> {
+    /// Posts the buffer still in its slot again (`wr_id` as its completion carried it, `sge`
+    /// from [`Srq::peek_posted`]), after its receive completed and what was needed of it was
+    /// copied out. The table is not touched: the slot keeps its buffer (and its generation),
+    /// which only a completion naming the slot takes out. On failure the buffer leaves the
+    /// table (back to the pool) and the slot is free for a refill.
+    pub(crate) fn repost(&self, wr_id: u64, mut sge: sys::ibv_sge) -> io::Result<()> {
+        let slot = super::recv_slot(wr_id);
         let mut wr = sys::ibv_recv_wr {
-            wr_id: super::RECV_BIT | slot as u64,
+            wr_id,
             next: std::ptr::null_mut(),
             sg_list: &mut sge,
             num_sge: 1,
@@ -251,13 +286,22 @@ impl<B: LocalMemory> Srq<B> {
         bufs.truncate(n);
         while let Some(buf) = bufs.pop() {
             let slot = t.free.pop().expect("counted above");
-            sges.push(sys::ibv_sge {
+            let sge = sys::ibv_sge {
                 addr: buf.addr() as u64,
                 length: buf.len().min(u32::MAX as usize) as u32,
                 lkey: buf.lkey(),
-            });
+            };
+            // The slot is free and the table locked: nobody else writes its memory entry, and
+            // no completion reads it until this post.
+            let m = &self.mem[slot];
+            let generation = m.generation.load(Ordering::Relaxed).wrapping_add(1) & GENERATION_MASK;
+            m.addr.store(sge.addr, Ordering::Relaxed);
+            m.len.store(sge.length, Ordering::Relaxed);
+            m.lkey.store(sge.lkey, Ordering::Relaxed);
+            m.generation.store(generation, Ordering::Release);
+            sges.push(sge);
             wrs.push(sys::ibv_recv_wr {
-                wr_id: super::RECV_BIT | slot as u64,
+                wr_id: super::RECV_BIT | u64::from(generation) << 32 | slot as u64,
                 next: std::ptr::null_mut(),
                 sg_list: std::ptr::null_mut(),
                 num_sge: 1,
@@ -290,7 +334,7 @@ impl<B: LocalMemory> Srq<B> {
                 return Err(io::Error::from_raw_os_error(rc));
             };
             for w in &wrs[first_bad..] {
-                let slot = (w.wr_id & !super::RECV_BIT) as usize;
+                let slot = super::recv_slot(w.wr_id);
                 t.slots[slot] = None;
                 t.free.push(slot);
             }
