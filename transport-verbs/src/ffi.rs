@@ -348,7 +348,7 @@ pub fn drop_ipc_lock_capability() -> io::Result<()> {
 
 /// Bit set in the `wr_id` of receive work requests.
 const RECV_BIT: u64 = 1 << 63;
-/// The receive slot in a receive `wr_id` (bits 32..63 carry the shared receive queue's
+/// The receive slot in a receive `wr_id` (bits 32..62 carry the shared receive queue's
 /// generation of the slot, [`srq::Srq::peek_posted`]).
 const SLOT_MASK: u64 = 0xffff_ffff;
 

@@ -194,8 +194,8 @@ fn a_shared_receive_queue_that_runs_low_grows_up_to_its_cap() {
         eprintln!("no shared receive queue on this device's paths: nothing to grow");
         return;
     };
-    // The queue grows on a thread of its own, started at the low-water event: its depth is
-    // the cap once that thread has begun, and every new buffer is posted when it ends.
+    // The queue grows on a thread of its own, started at the low-water event: its depth
+    // rises batch by batch as fresh buffers are made, each batch posted as it is counted.
     let full = cap * server.config().recv_buf_size();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
