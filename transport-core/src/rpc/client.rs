@@ -7,15 +7,16 @@ use crate::{
     SendBuffer, TransportError,
 };
 use bytes::Bytes;
-use std::collections::{HashMap, VecDeque};
+use futures_util::lock::{Mutex as AsyncMutex, MutexGuard as AsyncMutexGuard};
+use slab::Slab;
+use std::collections::VecDeque;
 use std::future::Future;
-use std::hash::BuildHasherDefault;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-use tokio::sync::Semaphore;
+use tokio::sync::Notify;
+use tokio_util::sync::ReusableBoxFuture;
 
 /// Client settings.
 ///
@@ -76,28 +77,10 @@ impl CallOptions {
 
 type Reply = Result<Bytes, RpcError>;
 
-/// Hashes request ids (sequential integers, never attacker-chosen on the client) with one
-/// multiplication instead of SipHash: the pending map is touched a few times per call.
-#[derive(Default, Clone, Copy)]
-struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u64(&mut self, id: u64) {
-        // Fibonacci hashing: spreads sequential ids over the high bits hashbrown uses.
-        self.0 = id.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
 /// A call waiting for its reply.
 struct Waiting {
+    /// Its request id (see [`Pending`]).
+    id: u64,
     /// Its reply, once read (or the connection's error).
     reply: Option<Reply>,
     /// Woken when the reply is put here, or when the receiving half is free for it to read.
@@ -106,12 +89,74 @@ struct Waiting {
     wants_inbox: bool,
 }
 
-type PendingMap = HashMap<u64, Waiting, BuildHasherDefault<IdHasher>>;
+/// The calls in flight, by request id: a slab whose slot index is the id's low 32 bits and
+/// whose high 32 bits are a generation that changes with every call (never 0, so no call has
+/// id 0, the id of oneway calls). A reply to a call that went away finds its slot empty or
+/// taken by a later call under another generation: it is dropped. Entering and removing a
+/// call costs a few instructions, not a hash table's probe.
+#[derive(Default)]
+struct Pending {
+    calls: Slab<Waiting>,
+    generation: u32,
+}
+
+impl Pending {
+    /// Enters a new call; its id.
+    fn insert(&mut self) -> u64 {
+        self.generation = self.generation.wrapping_add(1).max(1);
+        let entry = self.calls.vacant_entry();
+        // Below 2^32: the table holds at most `MAX_IN_FLIGHT` calls.
+        let id = u64::from(self.generation) << 32 | entry.key() as u64;
+        entry.insert(Waiting {
+            id,
+            reply: None,
+            waker: None,
+            wants_inbox: false,
+        });
+        id
+    }
+
+    fn slot(id: u64) -> usize {
+        (id & 0xffff_ffff) as usize
+    }
+
+    fn get_mut(&mut self, id: u64) -> Option<&mut Waiting> {
+        self.calls.get_mut(Self::slot(id)).filter(|w| w.id == id)
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Waiting> {
+        let slot = Self::slot(id);
+        if self.calls.get(slot)?.id != id {
+            return None;
+        }
+        Some(self.calls.remove(slot))
+    }
+
+    fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Waiting> {
+        self.calls.iter().map(|(_, w)| w)
+    }
+
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut Waiting> {
+        self.calls.iter_mut().map(|(_, w)| w)
+    }
+}
+
+/// The most calls a client keeps in flight, whatever [`ClientConfig::max_in_flight`] says:
+/// a call's slot index must fit in the low half of its id.
+const MAX_IN_FLIGHT: usize = 1 << 31;
 
 /// The calls in flight and the receiving half, under one lock (no channel per call, no
 /// async lock for the receiver: a call that waits registers its waker in its entry).
 struct State {
-    pending: PendingMap,
+    pending: Pending,
     /// Set once the connection is gone: every later call fails with it.
     closed: Option<RpcError>,
     /// The receiving half while nobody reads it; taken by the call (or the blocked write)
@@ -125,6 +170,11 @@ struct State {
     /// A call went away before its answer was read: an answer may still come for it, which
     /// no entry of `pending` tells (see [`State::owes_nothing`]).
     orphaned: bool,
+    /// Calls waiting for a slot (`pending` is full: [`ClientConfig::max_in_flight`]); each
+    /// entry removed then wakes one of them ([`Shared::slot_freed`]).
+    slot_waiters: usize,
+    /// `close` waits for `pending` to empty ([`Shared::idle`]).
+    close_waits: bool,
 }
 
 impl State {
@@ -143,7 +193,7 @@ impl State {
         }
         let mut call = None;
         while let Some(id) = self.want_inbox.pop_front() {
-            if let Some(w) = self.pending.get_mut(&id) {
+            if let Some(w) = self.pending.get_mut(id) {
                 w.wants_inbox = false;
                 if w.reply.is_none() {
                     if let Some(waker) = w.waker.take() {
@@ -154,6 +204,24 @@ impl State {
             }
         }
         (call, self.writer_waker.take())
+    }
+}
+
+/// Who to wake once an entry has left `pending` (after the lock is released): a call waiting
+/// for a slot, and `close` once none is left.
+#[derive(Default)]
+struct Freed {
+    slot: bool,
+    idle: bool,
+}
+
+impl State {
+    /// Removes call `id`'s entry, noting who must be woken for the slot it frees.
+    fn remove(&mut self, id: u64, freed: &mut Freed) -> Option<Waiting> {
+        let w = self.pending.remove(id)?;
+        freed.slot |= self.slot_waiters > 0;
+        freed.idle |= self.close_waits && self.pending.is_empty();
+        Some(w)
     }
 }
 
@@ -181,12 +249,42 @@ impl<S> Reading<'_, S> {
 
 impl<S> Drop for Reading<'_, S> {
     fn drop(&mut self) {
+        // Put back already by a reader that took its reply in the same look at the state.
+        let Some(inbox) = self.inbox.take() else {
+            return;
+        };
         let wake = {
             let mut st = self.shared.state();
-            st.inbox = self.inbox.take();
+            st.inbox = Some(inbox);
             st.pass_inbox()
         };
         wake_all(wake);
+    }
+}
+
+/// Counts a call among those waiting for a slot ([`State::slot_waiters`]) until it has one
+/// or goes away.
+struct SlotWait<'a, S> {
+    shared: &'a Shared<S>,
+}
+
+impl<'a, S> SlotWait<'a, S> {
+    fn new(shared: &'a Shared<S>) -> SlotWait<'a, S> {
+        shared.state().slot_waiters += 1;
+        SlotWait { shared }
+    }
+}
+
+impl<S> Drop for SlotWait<'_, S> {
+    fn drop(&mut self) {
+        let mut st = self.shared.state();
+        st.slot_waiters -= 1;
+        // Slots went free while this call waited, and it goes away without one (its
+        // connection ended, its deadline passed): the next waiting call looks instead.
+        if st.slot_waiters > 0 && st.pending.len() < self.shared.max_in_flight() {
+            drop(st);
+            self.shared.slot_freed.notify_one();
+        }
     }
 }
 
@@ -224,19 +322,46 @@ struct Writer<S> {
     batch: Vec<Message>,
 }
 
-/// A receiving half whose `recv` can be called without naming its type (the client is generic
-/// over the sender only).
+/// A receiving half that can be read without naming its type (the client is generic over the
+/// sender only).
 trait DynReceiver: Send {
-    fn recv_boxed(
-        &mut self,
-    ) -> Pin<Box<dyn Future<Output = Result<Option<Message>, TransportError>> + Send + '_>>;
+    /// Polls the read in progress (starting one if none is): cancel safe, the read stays
+    /// here for whoever polls next.
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Message>, TransportError>>;
 }
 
-impl<R: MessageReceiver> DynReceiver for R {
-    fn recv_boxed(
-        &mut self,
-    ) -> Pin<Box<dyn Future<Output = Result<Option<Message>, TransportError>> + Send + '_>> {
-        Box::pin(self.recv())
+/// What one read of an [`Inbox`] gives: the message (or the end, or the error) and the
+/// receiver back.
+type Received<R> = (Result<Option<Message>, TransportError>, Box<R>);
+
+/// The receiving half and its read: the read owns the (boxed) receiver while it runs and
+/// hands it back with what it read, and the next read takes the same allocation. So a read
+/// costs no allocation, and a read in progress lives here, not in the future of the call
+/// that polled it (a call dropped mid-read leaves it to the next reader).
+struct Inbox<R: MessageReceiver> {
+    read: ReusableBoxFuture<'static, Received<R>>,
+}
+
+impl<R: MessageReceiver> Inbox<R> {
+    fn new(rx: R) -> Inbox<R> {
+        Inbox {
+            read: ReusableBoxFuture::new(read_owned(Box::new(rx))),
+        }
+    }
+}
+
+/// One read, owning its receiver (async: it starts only when first polled).
+async fn read_owned<R: MessageReceiver>(mut rx: Box<R>) -> Received<R> {
+    let got = rx.recv().await;
+    (got, rx)
+}
+
+impl<R: MessageReceiver> DynReceiver for Inbox<R> {
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Message>, TransportError>> {
+        let (got, rx) = std::task::ready!(self.read.poll(cx));
+        // The next read, not started until polled, in the same allocation.
+        self.read.set(read_owned(rx));
+        Poll::Ready(got)
     }
 }
 
@@ -249,13 +374,18 @@ enum Read {
 }
 
 struct Shared<S> {
-    writer: tokio::sync::Mutex<Writer<S>>,
+    /// Taken by one writer at a time (an async lock whose release with nobody waiting is one
+    /// atomic operation).
+    writer: AsyncMutex<Writer<S>>,
     outbox: Mutex<Outbox>,
     /// Every message with a ticket up to this one has been taken by the transport.
     written: AtomicU64,
     state: Mutex<State>,
-    next_id: AtomicU64,
-    slots: Semaphore,
+    /// Woken (one at a time) when an entry of `pending` is removed while calls wait for a
+    /// slot, and (all) when the connection fails.
+    slot_freed: Notify,
+    /// Woken when `pending` empties while `close` waits.
+    idle: Notify,
     /// Set by `close`: calls fail before waiting for a slot (`close` holds them all).
     closing: std::sync::atomic::AtomicBool,
     metrics: Arc<Metrics>,
@@ -274,31 +404,75 @@ impl<S> Shared<S> {
         self.outbox.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn register(&self) -> Result<u64, RpcError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut st = self.state();
-        if let Some(e) = &st.closed {
-            return Err(e.clone());
+    /// Enters a new call in the table, waiting for a slot while it holds
+    /// [`ClientConfig::max_in_flight`] calls; the connection's error once it has ended. With
+    /// the call's id comes whether other calls are in flight (for [`Shared::send`]).
+    async fn register(&self) -> Result<(u64, bool), RpcError> {
+        let first = {
+            let mut st = self.state();
+            self.enter(&mut st, false)
+        };
+        match first {
+            Some(entered) => entered,
+            None => self.register_when_free().await,
         }
-        st.pending.insert(
-            id,
-            Waiting {
-                reply: None,
-                waker: None,
-                wants_inbox: false,
-            },
-        );
-        drop(st);
+    }
+
+    /// A new call's entry if a slot is free for it, `None` if not; the connection's error
+    /// once it has ended. A call that has not waited yet leaves the free slots to those that
+    /// do (`queued` false): slots go to calls in the order they came.
+    fn enter(&self, st: &mut State, queued: bool) -> Option<Result<(u64, bool), RpcError>> {
+        if let Some(e) = &st.closed {
+            return Some(Err(e.clone()));
+        }
+        if st.pending.len() >= self.max_in_flight() || (!queued && st.slot_waiters > 0) {
+            return None;
+        }
+        let id = st.pending.insert();
         self.metrics.in_flight.enter();
-        Ok(id)
+        Some(Ok((id, st.pending.len() > 1)))
+    }
+
+    /// Calls in flight at most.
+    fn max_in_flight(&self) -> usize {
+        self.config.max_in_flight.clamp(1, MAX_IN_FLIGHT)
+    }
+
+    /// Waits for a slot: each entry removed while calls wait wakes the one that has waited
+    /// longest ([`State::remove`]); the connection's end wakes them all.
+    async fn register_when_free(&self) -> Result<(u64, bool), RpcError> {
+        let _counted = SlotWait::new(self);
+        loop {
+            let mut freed = std::pin::pin!(self.slot_freed.notified());
+            {
+                let mut st = self.state();
+                if let Some(entered) = self.enter(&mut st, true) {
+                    return entered;
+                }
+                // Registered before the lock is released: no removal can be missed.
+                freed.as_mut().enable();
+            }
+            freed.await;
+        }
+    }
+
+    /// Wakes whoever an entry's removal concerns (see [`State::remove`]).
+    fn wake_freed(&self, freed: Freed) {
+        if freed.slot {
+            self.slot_freed.notify_one();
+        }
+        if freed.idle {
+            self.idle.notify_waiters();
+        }
     }
 
     /// Removes a call that is going away; true if it had no answer yet. If it had been woken
     /// to take the receiving half, the next waiting call is woken instead.
     fn forget(&self, id: u64) -> bool {
+        let mut freed = Freed::default();
         let (unanswered, wake) = {
             let mut st = self.state();
-            let unanswered = st.pending.remove(&id).is_some_and(|w| w.reply.is_none());
+            let unanswered = st.remove(id, &mut freed).is_some_and(|w| w.reply.is_none());
             st.orphaned |= unanswered;
             (unanswered, st.pass_inbox())
         };
@@ -306,6 +480,7 @@ impl<S> Shared<S> {
             self.metrics.in_flight.exit();
         }
         wake_all(wake);
+        self.wake_freed(freed);
         unanswered
     }
 
@@ -313,7 +488,7 @@ impl<S> Shared<S> {
     fn complete(&self, id: u64, reply: Reply) {
         let waker = {
             let mut st = self.state();
-            match st.pending.get_mut(&id) {
+            match st.pending.get_mut(id) {
                 Some(w) if w.reply.is_none() => {
                     w.reply = Some(reply);
                     w.waker.take()
@@ -350,13 +525,14 @@ impl<S> Shared<S> {
         for w in wakers {
             w.wake();
         }
-        self.slots.close();
+        // Calls waiting for a slot look again and find the connection's error.
+        self.slot_freed.notify_waiters();
     }
 
     /// Reads one message: a reply, or the end of the connection (every pending call failed).
     /// Cancel safe: the receiver's `recv` is, and nothing after it awaits.
     async fn read_one(&self, rx: &mut dyn DynReceiver) -> Read {
-        let err = match rx.recv_boxed().await {
+        let err = match std::future::poll_fn(|cx| rx.poll_recv(cx)).await {
             Ok(Some(msg)) => match decode_reply(msg) {
                 Ok((id, reply)) => return Read::Reply(id, reply),
                 Err(e) => e,
@@ -387,14 +563,15 @@ impl<S> Shared<S> {
     /// client is going away without an answer.
     async fn wait_reply(&self, id: u64) -> Option<Reply> {
         loop {
+            let mut freed = Freed::default();
             let step = std::future::poll_fn(|cx| {
                 let mut guard = self.state();
                 let st = &mut *guard;
-                let Some(w) = st.pending.get_mut(&id) else {
+                let Some(w) = st.pending.get_mut(id) else {
                     return Poll::Ready(Step::Gone);
                 };
                 if w.reply.is_some() {
-                    let w = st.pending.remove(&id).expect("looked up above");
+                    let w = st.remove(id, &mut freed).expect("looked up above");
                     return Poll::Ready(Step::Answered(w.reply.expect("checked above")));
                 }
                 if let Some(inbox) = st.inbox.take() {
@@ -412,7 +589,10 @@ impl<S> Shared<S> {
             })
             .await;
             let inbox = match step {
-                Step::Answered(reply) => return Some(reply),
+                Step::Answered(reply) => {
+                    self.wake_freed(freed);
+                    return Some(reply);
+                }
                 Step::Gone => return None,
                 Step::Read(inbox) => inbox,
             };
@@ -423,8 +603,15 @@ impl<S> Shared<S> {
             loop {
                 match self.read_one(reading.rx()).await {
                     Read::Reply(rid, reply) if rid == id => {
-                        let mine = self.state().pending.remove(&id);
-                        drop(reading);
+                        // One look at the state: the entry out, the receiving half back.
+                        let (mine, wake) = {
+                            let mut st = self.state();
+                            let mine = st.remove(id, &mut freed);
+                            st.inbox = reading.inbox.take();
+                            (mine, st.pass_inbox())
+                        };
+                        wake_all(wake);
+                        self.wake_freed(freed);
                         return match mine {
                             Some(Waiting { reply: None, .. }) => {
                                 self.metrics.in_flight.exit();
@@ -516,11 +703,16 @@ impl<S: MessageSender> Shared<S> {
     /// Dropping the future: a message not yet taken may still be sent by a later writer; a
     /// write already started is finished (by the next writer, or by a task spawned for it),
     /// so the connection never stalls on half a message.
-    async fn send(self: &Arc<Self>, msg: Message) -> Result<(), RpcError> {
+    ///
+    /// `others`: whether other calls are in flight, when the caller knows (`None`: looked up).
+    async fn send(self: &Arc<Self>, msg: Message, others: Option<bool>) -> Result<(), RpcError> {
         let (ticket, writer) = match self.writer.try_lock() {
             // Nobody is writing and no other call is in flight (a ping loop, a stream of
             // oneway calls): write at once, without the queue (see `write_alone`).
-            Ok(mut w) if w.unfinished.is_none() && !self.others_in_flight()? => {
+            Some(mut w)
+                if w.unfinished.is_none()
+                    && !others.map_or_else(|| self.others_in_flight(), Ok)? =>
+            {
                 let mut msg = Some(msg);
                 let alone =
                     std::future::poll_fn(|cx| Poll::Ready(self.write_alone(&mut w, &mut msg, cx)))
@@ -534,7 +726,7 @@ impl<S: MessageSender> Shared<S> {
                 let mut outbox = self.outbox();
                 outbox.queue.push(msg);
                 outbox.queued += 1;
-                (outbox.queued, w.ok())
+                (outbox.queued, w)
             }
         };
         self.write_through(ticket, writer).await
@@ -619,13 +811,13 @@ impl<S: MessageSender> Shared<S> {
     async fn write_through(
         self: &Arc<Self>,
         ticket: u64,
-        writer: Option<tokio::sync::MutexGuard<'_, Writer<S>>>,
+        writer: Option<AsyncMutexGuard<'_, Writer<S>>>,
     ) -> Result<(), RpcError> {
         let mut writer = match writer {
             Some(w) => w,
             None => match self.writer.try_lock() {
-                Ok(w) => w,
-                Err(_) => self.writer.lock().await,
+                Some(w) => w,
+                None => self.writer.lock().await,
             },
         };
         loop {
@@ -795,7 +987,7 @@ impl<S: MessageSender> RpcClient<S> {
         let shared = Arc::new(Shared {
             max_message_size: sender.max_message_size(),
             pool: sender.buffer_pool(),
-            writer: tokio::sync::Mutex::new(Writer {
+            writer: AsyncMutex::new(Writer {
                 sender,
                 unfinished: None,
                 batch: Vec::new(),
@@ -806,15 +998,17 @@ impl<S: MessageSender> RpcClient<S> {
             }),
             written: AtomicU64::new(0),
             state: Mutex::new(State {
-                pending: PendingMap::default(),
+                pending: Pending::default(),
                 closed: None,
-                inbox: Some(Box::new(receiver)),
+                inbox: Some(Box::new(Inbox::new(receiver))),
                 want_inbox: VecDeque::new(),
                 writer_waker: None,
                 orphaned: false,
+                slot_waiters: 0,
+                close_waits: false,
             }),
-            next_id: AtomicU64::new(1),
-            slots: Semaphore::new(config.max_in_flight.clamp(1, Semaphore::MAX_PERMITS)),
+            slot_freed: Notify::new(),
+            idle: Notify::new(),
             closing: std::sync::atomic::AtomicBool::new(false),
             metrics,
             config,
@@ -851,19 +1045,9 @@ impl<S: MessageSender> RpcClient<S> {
         if self.shared.closing.load(Ordering::Relaxed) {
             return Err(RpcError::ClientClosed);
         }
-        // A free slot is taken without a trip through the semaphore's wait queue (a permit
-        // that is free has no waiter before it: the semaphore is fair either way).
-        let _slot = match self.shared.slots.try_acquire() {
-            Ok(permit) => permit,
-            Err(tokio::sync::TryAcquireError::Closed) => return Err(self.closed_error()),
-            Err(tokio::sync::TryAcquireError::NoPermits) => self
-                .shared
-                .slots
-                .acquire()
-                .await
-                .map_err(|_| self.closed_error())?,
-        };
-        let id = self.shared.register()?;
+        // The call's entry in the table is its slot (at most `max_in_flight`), until its
+        // reply is taken or it goes away.
+        let (id, others) = self.shared.register().await?;
         let mut guard = PendingCall {
             shared: &self.shared,
             id,
@@ -872,7 +1056,10 @@ impl<S: MessageSender> RpcClient<S> {
         };
         let header = RpcHeader::new(Kind::Request, method, id, payload.len());
         self.shared
-            .send(Message::new(HeaderBytes::from(header.encode()), payload))
+            .send(
+                Message::new(HeaderBytes::from(header.encode()), payload),
+                Some(others),
+            )
             .await?;
         let reply = self.shared.wait_reply(id).await;
         guard.armed = false;
@@ -890,7 +1077,10 @@ impl<S: MessageSender> RpcClient<S> {
         // A connection that has ended fails the call in `send`.
         let header = RpcHeader::new(Kind::Oneway, method, 0, payload.len());
         self.shared
-            .send(Message::new(HeaderBytes::from(header.encode()), payload))
+            .send(
+                Message::new(HeaderBytes::from(header.encode()), payload),
+                None,
+            )
             .await
     }
 
@@ -928,18 +1118,22 @@ impl<S: MessageSender> RpcClient<S> {
             }
         }
         self.shared.closing.store(true, Ordering::Relaxed);
-        // Every call holds a slot until it ends: all slots free means no call in flight. An
-        // error means the connection is gone (nothing will be answered anyway).
-        let slots = self
-            .shared
-            .config
-            .max_in_flight
-            .clamp(1, Semaphore::MAX_PERMITS);
-        let _all = self
-            .shared
-            .slots
-            .acquire_many(u32::try_from(slots).unwrap_or(u32::MAX))
-            .await;
+        // Calls waiting for a slot fail now (the state is closed).
+        self.shared.slot_freed.notify_waiters();
+        // Every call keeps its entry until it ends: an empty table means no call in flight
+        // (on a connection that failed, calls take their error and go).
+        loop {
+            let mut idle = std::pin::pin!(self.shared.idle.notified());
+            {
+                let mut st = self.shared.state();
+                if st.pending.is_empty() {
+                    break;
+                }
+                st.close_waits = true;
+                idle.as_mut().enable();
+            }
+            idle.await;
+        }
         let mut writer = self.shared.writer.lock().await;
         self.shared.finish_write(&mut writer).await;
         writer.sender.close().await.map_err(RpcError::from)
@@ -987,10 +1181,10 @@ impl<S: MessageSender> Drop for PendingCall<'_, S> {
         rt.spawn(async move {
             // Best effort: a failure here shows up on the next call or in the reader.
             let _ = shared
-                .send(Message::new(
-                    HeaderBytes::from(header.encode()),
-                    Bytes::new(),
-                ))
+                .send(
+                    Message::new(HeaderBytes::from(header.encode()), Bytes::new()),
+                    None,
+                )
                 .await;
         });
     }
@@ -1042,7 +1236,7 @@ mod tests {
     /// Waits until a caller holds the writer (its write waits for the switch).
     async fn write_started(client: &RpcClient<impl MessageSender>) {
         tokio::time::timeout(Duration::from_secs(10), async {
-            while client.shared.writer.try_lock().is_ok() {
+            while client.shared.writer.try_lock().is_some() {
                 tokio::task::yield_now().await;
             }
         })
@@ -1290,7 +1484,7 @@ mod tests {
         // Every call has been polled and nothing is answered yet (no slot comes free): three
         // calls took a slot, the seven others wait for one.
         assert_eq!(client.in_flight(), 3);
-        assert_eq!(client.shared.slots.available_permits(), 0);
+        assert_eq!(client.shared.state().slot_waiters, 7);
         assert!(calls.iter().all(|c| !c.is_finished()));
         // The three requests reach the server...
         tokio::time::timeout(Duration::from_secs(10), async {
@@ -1311,6 +1505,67 @@ mod tests {
         assert_eq!(client.metrics().snapshot().in_flight_max, 3);
     }
 
+    /// A call that stops waiting for a slot (its task aborted, its deadline passed) takes
+    /// none and swallows no wake-up: the call behind it gets the slot when it comes free.
+    #[tokio::test]
+    async fn a_call_that_gives_up_waiting_for_a_slot_leaves_it_to_the_next() {
+        let (client_end, server_end) = Duplex::pair(1 << 20);
+        let (open, _serving) = gated_echo_server(server_end);
+        let client = RpcClient::new(
+            client_end,
+            ClientConfig {
+                max_in_flight: 1,
+                default_deadline: None,
+            },
+        );
+        let mut calls = start_calls(&client, 3).await;
+        assert_eq!(client.shared.state().slot_waiters, 2);
+        let second = calls.remove(1);
+        second.abort();
+        assert!(second.await.expect_err("aborted").is_cancelled());
+        assert_eq!(client.shared.state().slot_waiters, 1);
+        open.send(true).expect("handlers wait");
+        let answers = tokio::time::timeout(Duration::from_secs(10), async {
+            let mut answers = Vec::new();
+            for call in calls {
+                answers.push(call.await.expect("task").expect("call"));
+            }
+            answers
+        })
+        .await
+        .expect("the first and the third call are answered");
+        assert_eq!(
+            answers,
+            vec![Bytes::from(vec![0u8]), Bytes::from(vec![2u8])]
+        );
+        assert_eq!(client.in_flight(), 0);
+        assert_eq!(client.shared.state().slot_waiters, 0);
+    }
+
+    /// Request ids are never 0 (the id of oneway calls), never repeat while a call is in
+    /// flight, and the id of a call that went away no longer finds an entry when its slot
+    /// serves a later call (its late reply is dropped).
+    #[test]
+    fn a_stale_request_id_finds_no_call() {
+        let mut p = Pending::default();
+        let first = p.insert();
+        let other = p.insert();
+        assert_ne!(first, 0);
+        assert_ne!(first, other);
+        assert!(p.remove(first).is_some());
+        let reuse = p.insert();
+        assert_eq!(
+            Pending::slot(reuse),
+            Pending::slot(first),
+            "the slot is reused"
+        );
+        assert_ne!(reuse, first);
+        assert!(p.get_mut(first).is_none());
+        assert!(p.remove(first).is_none());
+        assert_eq!(p.get_mut(reuse).map(|w| w.id), Some(reuse));
+        assert_eq!(p.len(), 2);
+    }
+
     /// Calls waiting for a slot fail with the connection's error when it closes.
     #[tokio::test]
     async fn waiting_calls_fail_when_the_connection_closes() {
@@ -1325,7 +1580,7 @@ mod tests {
         let calls = start_calls(&client, 3).await;
         // One call holds the only slot, the two others wait for it.
         assert_eq!(client.in_flight(), 1);
-        assert_eq!(client.shared.slots.available_permits(), 0);
+        assert_eq!(client.shared.state().slot_waiters, 2);
         assert!(calls.iter().all(|c| !c.is_finished()));
         drop(server_end);
         all_fail_with_connection_errors(calls).await;
@@ -1465,7 +1720,7 @@ mod tests {
     fn poll_until_parked<F: Future + Unpin>(f: &mut F, waker: &Waker) -> Poll<F::Output> {
         let mut cx = std::task::Context::from_waker(waker);
         for _ in 0..100 {
-            if let Poll::Ready(out) = Pin::new(&mut *f).poll(&mut cx) {
+            if let Poll::Ready(out) = std::pin::Pin::new(&mut *f).poll(&mut cx) {
                 return Poll::Ready(out);
             }
         }
