@@ -401,10 +401,14 @@ impl<H: Handler> RpcServer<H> {
         let budget = &inner.config.memory_budget;
         // Request bytes held by this connection's running handlers.
         let mut held = 0usize;
+        // The idle timer is armed once and moved only when it fires: each request notes the
+        // time (`last_active`), and a timer that fires early is set again from there. Moving
+        // a tokio timer per request cost more than the rest of a ping's work here.
         let mut idle = inner
             .config
             .idle_timeout
             .map(|t| (t, Box::pin(tokio::time::sleep(t))));
+        let mut last_active = Instant::now();
         let mut running: FuturesUnordered<RunningCall> = FuturesUnordered::new();
         // The box a handler's future is made in, kept from one request to the next: most
         // handlers answer at their first poll, and their box is then reused rather than
@@ -441,8 +445,8 @@ impl<H: Handler> RpcServer<H> {
                 Some((id, oneway, bytes, outcome)) = running.next(), if !running.is_empty() => {
                     holding = false;
                     held -= bytes;
-                    if let Some((t, sleep)) = idle.as_mut() {
-                        sleep.as_mut().reset(Instant::now() + *t);
+                    if idle.is_some() {
+                        last_active = Instant::now();
                     }
                     if !oneway {
                         aborts.remove(&id);
@@ -458,8 +462,8 @@ impl<H: Handler> RpcServer<H> {
                 }
                 received = rx.recv(), if may_read => {
                     holding = false;
-                    if let Some((t, sleep)) = idle.as_mut() {
-                        sleep.as_mut().reset(Instant::now() + *t);
+                    if idle.is_some() {
+                        last_active = Instant::now();
                     }
                     let msg = match received {
                         Ok(Some(msg)) => msg,
@@ -581,6 +585,14 @@ impl<H: Handler> RpcServer<H> {
                 _ = budget.wait_for_room(), if reading && budget_spent => {}
                 _ = async { idle.as_mut().expect("armed").1.as_mut().await },
                     if idle.is_some() && running.is_empty() && reading => {
+                    let now = Instant::now();
+                    if let Some((t, sleep)) = idle.as_mut() {
+                        if now < last_active + *t {
+                            // Active since it was set: not idle yet.
+                            sleep.as_mut().reset(last_active + *t);
+                            continue;
+                        }
+                    }
                     if rx.remaining_in_message().is_some() {
                         // A request is arriving: not idle (a stalled one is the transport's
                         // frame timeout to end).
@@ -1272,6 +1284,38 @@ mod tests {
             .expect("closed once idle");
         ended.expect("task").expect("clean end");
         assert!(start.elapsed() >= Duration::from_millis(700));
+    }
+
+    /// The idle timeout counts from the last request: calls 0.6 s apart keep a connection
+    /// with a 1 s timeout open past the time its timer was first set for, and it closes one
+    /// timeout after the last of them, not earlier (paused clock).
+    #[tokio::test(start_paused = true)]
+    async fn idle_timeout_counts_from_the_last_request() {
+        let (client_end, server_end) = Duplex::pair(1 << 20);
+        let config = ServerConfig {
+            idle_timeout: Some(Duration::from_secs(1)),
+            ..ServerConfig::default()
+        };
+        let server = RpcServer::new(|req: Request| async move { Ok(req.payload) }, config);
+        let mut serving = tokio::spawn(async move { server.serve_connection(server_end).await });
+        let client = crate::rpc::RpcClient::new(client_end, crate::rpc::ClientConfig::default());
+        for i in 0..4u8 {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            let reply = client.call(1, Bytes::from(vec![i])).await.expect("open");
+            assert_eq!(reply, vec![i]);
+        }
+        // 2.4 s in, past two timeouts from the start: the connection is still served.
+        assert!(!serving.is_finished());
+        let last = tokio::time::Instant::now();
+        let ended = tokio::time::timeout(Duration::from_secs(10), &mut serving)
+            .await
+            .expect("closed once idle");
+        ended.expect("task").expect("clean end");
+        let idle_for = last.elapsed();
+        assert!(
+            idle_for >= Duration::from_secs(1) && idle_for < Duration::from_millis(1100),
+            "closed {idle_for:?} after the last call"
+        );
     }
 
     /// `shutdown` ends a connection that sits idle (nothing to read, nothing running).
