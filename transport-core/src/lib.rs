@@ -63,5 +63,5 @@ pub use error::{BackendError, TransportError};
 pub use message::{BackendRegion, HeaderBytes, Message, SendBuffer, MAX_HEADER_LEN};
 pub use metrics::{Counter, LevelGauge, Metrics, MetricsSnapshot};
 pub use transport::{
-    BufferPool, Connection, HeapPool, Listener, MessageReceiver, MessageSender, Transport,
+    BufferPool, Connection, HeapPool, Listener, MessageReceiver, MessageSender, Transport, TryRecv,
 };

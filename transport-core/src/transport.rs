@@ -150,8 +150,28 @@ pub trait MessageReceiver: Send + 'static {
         false
     }
 
+    /// The next message if it is there now, without waiting and without leaving anything
+    /// to wake this task: [`TryRecv::Empty`] when nothing is (the next `recv` would wait),
+    /// [`TryRecv::Unknown`] when the transport cannot tell without a `recv` (the default).
+    /// The RPC server looks here before it writes the replies it has, so that it does not
+    /// start a wait on a connection it is about to write to.
+    fn try_recv(&mut self) -> TryRecv {
+        TryRecv::Unknown
+    }
+
     /// The connection's counters.
     fn metrics(&self) -> &Arc<Metrics>;
+}
+
+/// What [`MessageReceiver::try_recv`] found.
+#[derive(Debug)]
+pub enum TryRecv {
+    /// What `recv` would have returned at once.
+    Ready(Result<Option<Message>, TransportError>),
+    /// Nothing has arrived: `recv` would wait.
+    Empty,
+    /// The transport cannot tell without a `recv`.
+    Unknown,
 }
 
 /// A source of send buffers (registered slabs on verbs, the heap on sockets).

@@ -32,7 +32,7 @@ use sideway::rdmacm::communication_manager::{EventType, Identifier};
 use tokio::sync::{mpsc, oneshot, Notify};
 use transport_core::{
     BackendError, BufferPool, Capabilities, Connection, HeaderBytes, Message, MessageReceiver,
-    MessageSender, Metrics, TransportError,
+    MessageSender, Metrics, TransportError, TryRecv,
 };
 
 use crate::cm::{CmMsg, Established};
@@ -1826,6 +1826,36 @@ impl MessageReceiver for VerbsReceiver {
                 home::homed(self.home.clone(), self.next()).await
             }
         };
+        self.outcome(d)
+    }
+
+    fn try_recv(&mut self) -> TryRecv {
+        match &self.done {
+            Some(None) => return TryRecv::Ready(Ok(None)),
+            Some(Some(f)) => return TryRecv::Ready(Err(f.to_error())),
+            None => {}
+        }
+        // One look, as `recv` takes first: no spin lease, no wake-up left behind (a busy
+        // lock counts as nothing there yet).
+        match self.next_now() {
+            Some(d) => TryRecv::Ready(self.outcome(d)),
+            None => TryRecv::Empty,
+        }
+    }
+
+    fn has_buffered_message(&self) -> bool {
+        !self.rx.is_empty()
+    }
+
+    fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+}
+
+impl VerbsReceiver {
+    /// What `recv` returns for a delivery (or for the end of the deliveries: `None`), with
+    /// the receiver's end state kept for the calls after it.
+    fn outcome(&mut self, d: Option<ToApp>) -> Result<Option<Message>, TransportError> {
         match d {
             Some(ToApp::Msg(m)) => {
                 self.metrics.messages_received.incr();
@@ -1855,14 +1885,6 @@ impl MessageReceiver for VerbsReceiver {
                 Err(f.to_error())
             }
         }
-    }
-
-    fn has_buffered_message(&self) -> bool {
-        !self.rx.is_empty()
-    }
-
-    fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
     }
 }
 

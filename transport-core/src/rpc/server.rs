@@ -5,7 +5,7 @@ use super::header::{Kind, RpcHeader, RPC_HEADER_LEN};
 use crate::budget::{Charge, MemoryBudget};
 use crate::{
     BufferPool, Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender,
-    Metrics, SendBuffer, TransportError,
+    Metrics, SendBuffer, TransportError, TryRecv,
 };
 use bytes::Bytes;
 use futures_util::future::{AbortHandle, Abortable, Aborted, Either};
@@ -440,9 +440,24 @@ impl<H: Handler> RpcServer<H> {
                 // Large replies are written before more requests are read, except those
                 // already received (see `Replies::READ_AHEAD_REPLY_BYTES`).
                 && (replies.largest < Replies::READ_AHEAD_REPLY_BYTES || rx.has_buffered_message());
+            // With replies about to go out, a transport that can tell whether a request is
+            // there is asked without starting a wait: when none is, the replies are written
+            // at once (a wait begun now would only be dropped, and on verbs it spins and
+            // wakes this task again for nothing).
+            let flush_next = !replies.is_empty() && !holding;
+            let mut early = None;
+            let mut look = may_read;
+            if may_read && flush_next {
+                match rx.try_recv() {
+                    TryRecv::Ready(r) => early = Some(r),
+                    TryRecv::Empty => look = false,
+                    TryRecv::Unknown => {}
+                }
+            }
             tokio::select! {
                 biased;
-                Some((id, oneway, bytes, outcome)) = running.next(), if !running.is_empty() => {
+                // A request taken above is handled first: nothing else may drop it.
+                Some((id, oneway, bytes, outcome)) = running.next(), if !running.is_empty() && early.is_none() => {
                     holding = false;
                     held -= bytes;
                     if idle.is_some() {
@@ -460,7 +475,12 @@ impl<H: Handler> RpcServer<H> {
                         }
                     }
                 }
-                received = rx.recv(), if may_read => {
+                received = async {
+                    match early.take() {
+                        Some(r) => r,
+                        None => rx.recv().await,
+                    }
+                }, if look => {
                     holding = false;
                     if idle.is_some() {
                         last_active = Instant::now();
@@ -1316,6 +1336,53 @@ mod tests {
             idle_for >= Duration::from_secs(1) && idle_for < Duration::from_millis(1100),
             "closed {idle_for:?} after the last call"
         );
+    }
+
+    /// On a transport that can tell whether a request is there (`try_recv`), the server
+    /// takes requests that way while replies wait to be written, and writes the replies at
+    /// once when none is: every call of pipelined rounds is answered, once, with its own
+    /// payload, and both outcomes of the look were met.
+    #[tokio::test]
+    async fn requests_taken_by_try_recv_are_all_answered() {
+        use crate::rpc::test_util::Looking;
+        use crate::rpc::{ClientConfig, RpcClient};
+        use std::sync::atomic::Ordering;
+        let (client_end, server_end) = Duplex::pair(1 << 20);
+        let looking = Looking::new(server_end);
+        let found = looking.found.clone();
+        let server = RpcServer::new(
+            // Every other call waits a turn: calls then end while requests are there.
+            |req: Request| async move {
+                if req.payload[1] % 2 == 1 {
+                    tokio::task::yield_now().await;
+                }
+                Ok(req.payload)
+            },
+            ServerConfig::default(),
+        );
+        let serving = tokio::spawn(async move { server.serve_connection(looking).await });
+        let client = RpcClient::new(client_end, ClientConfig::default());
+        tokio::time::timeout(Duration::from_secs(30), async {
+            for round in 0..20u8 {
+                let calls = (0..64u8).map(|i| client.call(1, Bytes::from(vec![round, i])));
+                let answers = futures_util::future::join_all(calls).await;
+                for (i, answer) in answers.into_iter().enumerate() {
+                    assert_eq!(answer.expect("answered"), vec![round, i as u8]);
+                }
+            }
+        })
+        .await
+        .expect("every round is answered");
+        assert!(
+            found.ready.load(Ordering::Relaxed) > 0,
+            "requests taken by the look"
+        );
+        assert!(
+            found.empty.load(Ordering::Relaxed) > 0,
+            "replies written on an empty look"
+        );
+        client.close().await.expect("close");
+        serving.await.expect("task").expect("served");
     }
 
     /// `shutdown` ends a connection that sits idle (nothing to read, nothing running).

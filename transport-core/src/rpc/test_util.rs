@@ -180,3 +180,79 @@ impl Connection for Gated {
         (sender, Silent(self.metrics))
     }
 }
+
+/// A [`Duplex`] end whose receiver answers [`MessageReceiver::try_recv`] (one poll of `recv`
+/// with a waker that does nothing), counting what it found.
+pub(crate) struct Looking {
+    inner: Duplex,
+    pub(crate) found: Arc<LookCounts>,
+}
+
+/// What a [`Looking`] receiver's `try_recv` found, counted.
+#[derive(Default)]
+pub(crate) struct LookCounts {
+    pub(crate) ready: std::sync::atomic::AtomicUsize,
+    pub(crate) empty: std::sync::atomic::AtomicUsize,
+}
+
+impl Looking {
+    pub(crate) fn new(inner: Duplex) -> Looking {
+        Looking {
+            inner,
+            found: Arc::default(),
+        }
+    }
+}
+
+/// The receiving half of a [`Looking`] end.
+pub(crate) struct LookingReceiver {
+    inner: StreamReceiver<ReadHalf<DuplexStream>>,
+    found: Arc<LookCounts>,
+}
+
+impl MessageReceiver for LookingReceiver {
+    async fn recv(&mut self) -> Result<Option<Message>, TransportError> {
+        self.inner.recv().await
+    }
+
+    fn try_recv(&mut self) -> crate::TryRecv {
+        use std::future::Future;
+        use std::sync::atomic::Ordering;
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let polled = std::pin::pin!(self.inner.recv()).poll(&mut cx);
+        match polled {
+            std::task::Poll::Ready(r) => {
+                self.found.ready.fetch_add(1, Ordering::Relaxed);
+                crate::TryRecv::Ready(r)
+            }
+            std::task::Poll::Pending => {
+                self.found.empty.fetch_add(1, Ordering::Relaxed);
+                crate::TryRecv::Empty
+            }
+        }
+    }
+
+    fn metrics(&self) -> &Arc<Metrics> {
+        self.inner.metrics()
+    }
+}
+
+impl Connection for Looking {
+    type Sender = StreamSender<WriteHalf<DuplexStream>>;
+    type Receiver = LookingReceiver;
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn metrics(&self) -> Arc<Metrics> {
+        self.inner.metrics()
+    }
+    fn peer(&self) -> String {
+        "looking duplex".into()
+    }
+    fn split(self) -> (Self::Sender, Self::Receiver) {
+        let found = self.found;
+        let (tx, rx) = self.inner.split();
+        (tx, LookingReceiver { inner: rx, found })
+    }
+}
