@@ -78,8 +78,9 @@ pub struct VerbsConfig {
     /// device's shared buffers; without one, each connection posts this many buffers.
     pub recv_depth: usize,
     /// Receive buffers (of `recv_buf_size()` bytes) the device's shared receive queue starts
-    /// with, used by every connection of the transport on that device, so receive memory does
-    /// not grow with the number of connections. The queue may hold fewer buffers than the
+    /// with, used by every connection of the transport on that device, so receive memory
+    /// follows the messages in flight, not the credits of every connection. The queue may
+    /// hold fewer buffers than the
     /// credits of all connections together: when a burst finds it empty the sender's device
     /// retries a moment later (an RNR retry, counted by the device, never a loss), and the
     /// queue grows (see `srq_max_depth`). 0: every connection posts `recv_depth` buffers of
@@ -87,10 +88,11 @@ pub struct VerbsConfig {
     /// `CAP_IPC_LOCK`) the queue gets fewer buffers when these would not fit in half of the
     /// limit (at least 4).
     pub srq_depth: usize,
-    /// Most buffers the shared receive queue grows to. Each time it runs low (fewer than a
-    /// quarter of its buffers posted: its low-water event) its depth doubles, up to this, so
-    /// receive memory follows the messages in flight at once (a thousand clients calling
-    /// together) rather than the number of connections. It does not shrink while the
+    /// Most buffers the shared receive queue grows to. Its depth doubles, up to this, each
+    /// time it runs low (fewer than a quarter of its buffers posted: its low-water event) and
+    /// when a connection is made while it holds fewer than two buffers per connection (a
+    /// thousand clients that connect and then call together find it grown). It does not
+    /// shrink while the
     /// transport lives. Values up to `srq_depth` (0 included) keep the queue at `srq_depth`;
     /// the same locked-memory rule applies as to `srq_depth`. Every connection's completion
     /// queue has room for this many receives.

@@ -26,7 +26,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -67,7 +67,16 @@ pub(crate) trait LowWater: Send + Sync {
     fn grow(&self) -> std::io::Result<usize>;
     /// Whether [`LowWater::grow`] would deepen it.
     fn can_grow(&self) -> bool;
+    /// Buffers it holds now.
+    fn depth(&self) -> usize;
 }
+
+/// Buffers a shared receive queue keeps per connection it serves: past that it grows when a
+/// connection is made, before it runs low (a connection in a ping-pong has a message and the
+/// next one, or a credit update, in flight). A thousand clients that connect and then call
+/// together find the queue grown already: growing it under their calls leaves the calls
+/// caught meanwhile retrying on RNR NAKs (docs/notes/2026-12-06-srq-grows.md).
+pub(crate) const SHARED_BUFFERS_PER_CONNECTION: usize = 2;
 
 impl<B: crate::ffi::LocalMemory> LowWater for crate::ffi::Srq<B> {
     fn key(&self) -> usize {
@@ -81,6 +90,9 @@ impl<B: crate::ffi::LocalMemory> LowWater for crate::ffi::Srq<B> {
     }
     fn can_grow(&self) -> bool {
         self.depth() < self.capacity()
+    }
+    fn depth(&self) -> usize {
+        crate::ffi::Srq::depth(self)
     }
 }
 
@@ -100,8 +112,10 @@ pub(crate) struct CqPump {
     events: AsyncEvents,
     /// The domain's shared receive queue, if it has one (not kept alive by the pump).
     low_water: Mutex<Option<Weak<dyn LowWater>>>,
-    /// A thread deepens the shared receive queue right now ([`CqPump::reclaim`]).
+    /// A thread deepens the shared receive queue right now ([`CqPump::grow`]).
     growing: Arc<AtomicBool>,
+    /// Routes, that is connections, on this device now.
+    connections: Arc<AtomicUsize>,
 }
 
 impl CqPump {
@@ -115,6 +129,7 @@ impl CqPump {
             events: AsyncEvents::new(ctx)?,
             low_water: Mutex::new(None),
             growing: Arc::default(),
+            connections: Arc::default(),
         });
         let pumped = pump.clone();
         std::thread::Builder::new()
@@ -157,42 +172,69 @@ impl CqPump {
             drained,
             "shared receive queue low: CQs drained"
         );
-        let q = self
-            .low_water
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .and_then(Weak::upgrade);
-        if let Some(q) = q {
+        if let Some(q) = self.queue() {
             if let Err(e) = q.arm() {
                 tracing::warn!(error = %e, "ibv_modify_srq (limit) failed; the shared receive queue is no longer watched");
             }
-            // Low: more messages are in flight at once than the queue holds. It doubles, up
-            // to its capacity, on a thread of its own: registering the fresh buffers takes a
-            // while (milliseconds per buffer under emulation), and this thread routes every
-            // connection's events meanwhile. The limit is armed at the new quarter after.
-            if q.can_grow() && !self.growing.swap(true, Ordering::AcqRel) {
-                let growing = self.growing.clone();
-                let grows = q.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("verbs-srq-grow".into())
-                    .spawn(move || {
-                        match grows.grow() {
-                            Ok(depth) => tracing::debug!(depth, "shared receive queue grown"),
-                            Err(e) => {
-                                tracing::warn!(error = %e, "the shared receive queue could not grow")
-                            }
-                        }
-                        if let Err(e) = grows.arm() {
-                            tracing::warn!(error = %e, "ibv_modify_srq (limit) failed");
-                        }
-                        growing.store(false, Ordering::Release);
-                    });
-                if let Err(e) = spawned {
-                    self.growing.store(false, Ordering::Release);
-                    tracing::warn!(error = %e, "no thread to grow the shared receive queue");
+            // Low: more messages are in flight at once than the queue holds.
+            self.grow(q);
+        }
+    }
+
+    /// The domain's shared receive queue, if it has one and it lives.
+    fn queue(&self) -> Option<Arc<dyn LowWater>> {
+        self.low_water
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(Weak::upgrade)
+    }
+
+    /// Has the shared receive queue `q` doubled, up to its capacity, on a thread of its own
+    /// (registering the fresh buffers takes a while: milliseconds per buffer under
+    /// emulation, and the pump thread routes every connection's events meanwhile), unless a
+    /// growth runs already. It doubles again while the connections want more
+    /// ([`SHARED_BUFFERS_PER_CONNECTION`]), then arms the limit at its new quarter.
+    fn grow(&self, q: Arc<dyn LowWater>) {
+        if !q.can_grow() || self.growing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let growing = self.growing.clone();
+        let connections = self.connections.clone();
+        let wanted = move |q: &dyn LowWater| {
+            q.can_grow()
+                && connections
+                    .load(Ordering::Relaxed)
+                    .saturating_mul(SHARED_BUFFERS_PER_CONNECTION)
+                    > q.depth()
+        };
+        let spawned = std::thread::Builder::new()
+            .name("verbs-srq-grow".into())
+            .spawn(move || loop {
+                let grown = q.grow();
+                match &grown {
+                    Ok(depth) => tracing::debug!(depth, "shared receive queue grown"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the shared receive queue could not grow");
+                    }
                 }
-            }
+                if let Err(e) = q.arm() {
+                    tracing::warn!(error = %e, "ibv_modify_srq (limit) failed");
+                }
+                // A growth that failed is not tried again until the next event asks.
+                if grown.is_ok() && wanted(&*q) {
+                    continue;
+                }
+                growing.store(false, Ordering::Release);
+                // A connection made after the look above, whose own look found this growth
+                // still running, is served here.
+                if grown.is_err() || !wanted(&*q) || growing.swap(true, Ordering::AcqRel) {
+                    break;
+                }
+            });
+        if let Err(e) = spawned {
+            self.growing.store(false, Ordering::Release);
+            tracing::warn!(error = %e, "no thread to grow the shared receive queue");
         }
     }
 
@@ -206,17 +248,29 @@ impl CqPump {
     /// until the route drops. Drop the route before the CQ.
     pub(crate) fn route(self: &Arc<Self>, cq_key: usize, metrics: Arc<Metrics>) -> CqRoute {
         let wake = Arc::new(Notify::new());
-        self.lock().insert(
-            cq_key,
-            Route {
-                wake: wake.clone(),
-                metrics,
-                on_event: None,
-                reclaim: None,
-                #[cfg(feature = "test-hooks")]
-                break_qp: None,
-            },
-        );
+        let connections = {
+            let mut routes = self.lock();
+            routes.insert(
+                cq_key,
+                Route {
+                    wake: wake.clone(),
+                    metrics,
+                    on_event: None,
+                    reclaim: None,
+                    #[cfg(feature = "test-hooks")]
+                    break_qp: None,
+                },
+            );
+            self.connections.store(routes.len(), Ordering::Relaxed);
+            routes.len()
+        };
+        // More connections than the shared receive queue keeps buffers for: it grows now,
+        // ahead of their messages.
+        if let Some(q) = self.queue() {
+            if connections.saturating_mul(SHARED_BUFFERS_PER_CONNECTION) > q.depth() {
+                self.grow(q);
+            }
+        }
         CqRoute {
             pump: self.clone(),
             cq_key,
@@ -298,6 +352,7 @@ impl Drop for CqRoute {
             .is_some_and(|r| Arc::ptr_eq(&r.wake, &self.wake))
         {
             routes.remove(&self.cq_key);
+            self.pump.connections.store(routes.len(), Ordering::Relaxed);
         }
     }
 }

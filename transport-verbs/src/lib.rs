@@ -75,8 +75,8 @@
 //!   connection ([`ProtocolViolation::NoCredit`]).
 //! - **Receive buffers.** By default the transport's connections on a device receive through
 //!   one shared receive queue (SRQ) that starts with `srq_depth` buffers (128 × 64 KiB, 8 MiB)
-//!   and grows with the messages in flight at once, up to `srq_max_depth` (1024, 64 MiB):
-//!   receive memory does not grow with connections. Credits are then a per-connection quota over the shared
+//!   and grows, up to `srq_max_depth` (1024, 64 MiB), with the messages in flight at once and
+//!   with connections past 64 (two buffers each). Credits are then a per-connection quota over the shared
 //!   buffers, and the queue may hold fewer buffers than all connections' credits together: a
 //!   burst that finds it empty is retried by the sender's device after an RNR delay of 0.12 ms
 //!   (`min_rnr_timer` 7, set on every queue pair; rdma_cm's default is 655 ms), never lost.
@@ -87,7 +87,8 @@
 //!   (`IBV_EVENT_SRQ_LIMIT_REACHED`) the device's pump thread drains the CQ of every
 //!   connection that is not asleep on the channel, so that a connection spinning on a busy or
 //!   blocked runtime does not keep the other connections' buffers, and the queue's depth
-//!   doubles (up to `srq_max_depth`, on a thread of its own; it never shrinks; UCX's rc
+//!   doubles (up to `srq_max_depth`, on a thread of its own, as it does when a connection is
+//!   made while it holds fewer than two buffers per connection; it never shrinks; UCX's rc
 //!   receive queues are 4095 deep by default): a thousand clients calling at once then find a buffer each instead of
 //!   retrying on RNR NAKs (a device that cannot arm the limit is used without it, at
 //!   `srq_depth`). With `srq_depth = 0` each connection posts `recv_depth`

@@ -69,9 +69,9 @@ fn idle_connections_keep_at_most_their_bound_registered() {
             "{added} idle connections added {growth} registered bytes, bound {bound} each"
         );
         // With a shared receive queue the defaults meet the target: at most 64 KiB registered
-        // per connection beyond the device's shared pool and receive queue, which do not grow
-        // with connections. (Without one, as with registration exposure or on iWARP, each
-        // connection holds its receive buffers: `bound` above.)
+        // per connection beyond the device's shared pool and receive queue (which grows with
+        // connections only past 64: two buffers each). (Without one, as with registration
+        // exposure or on iWARP, each connection holds its receive buffers: `bound` above.)
         if srq_depth > 0 {
             assert!(held <= 64 << 10, "{held} bytes registered per connection");
         }

@@ -215,6 +215,57 @@ fn a_shared_receive_queue_that_runs_low_grows_up_to_its_cap() {
     }
 }
 
+/// The shared receive queue grows with the connections it serves, before any message: with
+/// two buffers per connection (`SHARED_BUFFERS_PER_CONNECTION`), twelve connections grow a
+/// queue of 8 to 32 (16 is not enough, 32 is), not to its cap of 64. Clients that connect
+/// and then call together do not wait on RNR NAKs while it grows.
+#[test]
+fn a_shared_receive_queue_grows_with_the_connections_it_serves() {
+    let _alone = one_at_a_time();
+    let Some(addr) = common::listen_addr_or_skip("polling") else {
+        return;
+    };
+    let mut config = VerbsConfig::default();
+    config.srq_depth = SMALL_SRQ;
+    config.srq_max_depth = 8 * SMALL_SRQ;
+    if common::device_paths(&config, addr.ip()).srq_depth == 0 {
+        eprintln!("no shared receive queue on this device's paths: nothing to grow");
+        return;
+    }
+    common::run(async move {
+        let verbs = VerbsTransport::new(config.clone()).expect("transport");
+        let mut listener = verbs.listen(&addr).await.expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let mut pairs = Vec::new();
+        // Six pairs, both ends on this transport: twelve connections.
+        for _ in 0..6 {
+            pairs.push(common::open_pair(&verbs, &mut listener, addr).await);
+        }
+        let want = 4 * SMALL_SRQ;
+        let full = want * config.recv_buf_size();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let m = verbs.memory_use();
+            assert!(
+                m.shared_receive_buffers <= want,
+                "grew beyond what twelve connections want: {m:?}"
+            );
+            if m.shared_receive_buffers == want && m.shared_receive_bytes == full {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the queue did not grow to {want} buffers, all posted: {m:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let m = common::srq_refilled(&verbs, config.recv_buf_size()).await;
+        assert_eq!(m.shared_receive_buffers, want, "{m:?}");
+        assert_eq!(m.connections, 12, "{m:?}");
+        drop(pairs);
+    });
+}
+
 /// Sends four times the shared receive queue's depth to a server connection whose runtime is
 /// blocked (its driver spins for `poll_spin` after activity), and asserts they all reach its
 /// engine meanwhile, then arrive whole and in order. The queue may grow to `srq_max_depth`;

@@ -3,7 +3,8 @@
 //! call, with no error; the memory each idle connection holds is measured and bounded.
 //!
 //! Receive buffers live in the device's shared receive queue (128 buffers of 64 KiB + headers
-//! by default, 8 MiB), so a connection registers only its send slots (128 × 128 bytes). With 64
+//! by default, 8 MiB, grown to its cap of 1024, 64 MiB, by two thousand connections), so a
+//! connection registers only its send slots (128 × 128 bytes). With 64
 //! buffers of its own per connection (4 MiB), a thousand pairs would need 8 GiB.
 
 mod common;
