@@ -386,7 +386,7 @@ struct Shared<S> {
     slot_freed: Notify,
     /// Woken when `pending` empties while `close` waits.
     idle: Notify,
-    /// Set by `close`: calls fail before waiting for a slot (`close` holds them all).
+    /// Set by `close`: later calls fail before they wait for a slot.
     closing: std::sync::atomic::AtomicBool,
     metrics: Arc<Metrics>,
     pool: Arc<dyn BufferPool>,
