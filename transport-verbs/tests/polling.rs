@@ -196,23 +196,30 @@ fn a_shared_receive_queue_that_runs_low_grows_up_to_its_cap() {
     };
     // The queue grows on a thread of its own, started at the low-water event: its depth
     // rises batch by batch as fresh buffers are made, each batch posted as it is counted.
-    let full = cap * server.config().recv_buf_size();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let m = server.memory_use();
-        assert!(
-            m.shared_receive_buffers <= cap,
-            "grew beyond its cap: {m:?}"
-        );
-        if m.shared_receive_buffers == cap && m.shared_receive_bytes == full {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the queue did not grow to {cap} buffers, all posted: {m:?}"
-        );
+    while !grown_to(&server, cap, deadline) {
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Whether `verbs`'s shared receive queue holds `want` buffers, all posted; fails the test
+/// if it holds more, or if `deadline` has passed without it.
+fn grown_to(verbs: &VerbsTransport, want: usize, deadline: std::time::Instant) -> bool {
+    let m = verbs.memory_use();
+    assert!(
+        m.shared_receive_buffers <= want,
+        "grew beyond {want}: {m:?}"
+    );
+    if m.shared_receive_buffers == want
+        && m.shared_receive_bytes == want * verbs.config().recv_buf_size()
+    {
+        return true;
+    }
+    assert!(
+        std::time::Instant::now() < deadline,
+        "the queue did not grow to {want} buffers, all posted: {m:?}"
+    );
+    false
 }
 
 /// The shared receive queue grows with the connections it serves, before any message: with
@@ -242,21 +249,8 @@ fn a_shared_receive_queue_grows_with_the_connections_it_serves() {
             pairs.push(common::open_pair(&verbs, &mut listener, addr).await);
         }
         let want = 4 * SMALL_SRQ;
-        let full = want * config.recv_buf_size();
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let m = verbs.memory_use();
-            assert!(
-                m.shared_receive_buffers <= want,
-                "grew beyond what twelve connections want: {m:?}"
-            );
-            if m.shared_receive_buffers == want && m.shared_receive_bytes == full {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the queue did not grow to {want} buffers, all posted: {m:?}"
-            );
+        while !grown_to(&verbs, want, deadline) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let m = common::srq_refilled(&verbs, config.recv_buf_size()).await;
