@@ -1709,11 +1709,18 @@ impl VerbsReceiver {
     /// The next delivery if one is there now: `None` when there is none yet (or the lock is
     /// busy). Most messages of a ping-pong are found here, before any future is made.
     fn next_now(&mut self) -> Option<Option<ToApp>> {
-        for _ in 0..2 {
-            match self.rx.try_recv() {
-                Ok(d) => return Some(Some(self.taken_from_channel(d))),
-                Err(mpsc::error::TryRecvError::Disconnected) => return Some(None),
-                Err(mpsc::error::TryRecvError::Empty) => {}
+        for round in 0..2 {
+            // First round: a message reaches the channel counted in the backlog first
+            // (`Core::deliver_ready`), so with none counted the channel is not asked (one
+            // load instead of a channel poll per message). The uncounted items (the end, a
+            // failure) are seen by `look`, which checks the channel under the lock and sends
+            // this loop round again; a busy lock leaves them to `next`, which asks first.
+            if round > 0 || self.shared.backlog.load(Ordering::Acquire) > 0 {
+                match self.rx.try_recv() {
+                    Ok(d) => return Some(Some(self.taken_from_channel(d))),
+                    Err(mpsc::error::TryRecvError::Disconnected) => return Some(None),
+                    Err(mpsc::error::TryRecvError::Empty) => {}
+                }
             }
             let mut core = self.core.try_lock().ok()?;
             match self.look(&mut core) {
