@@ -205,6 +205,14 @@ impl State {
         }
         (call, self.writer_waker.take())
     }
+
+    /// Removes call `id`'s entry, noting who must be woken for the slot it frees.
+    fn remove(&mut self, id: u64, freed: &mut Freed) -> Option<Waiting> {
+        let w = self.pending.remove(id)?;
+        freed.slot |= self.slot_waiters > 0;
+        freed.idle |= self.close_waits && self.pending.is_empty();
+        Some(w)
+    }
 }
 
 /// Who to wake once an entry has left `pending` (after the lock is released): a call waiting
@@ -213,16 +221,6 @@ impl State {
 struct Freed {
     slot: bool,
     idle: bool,
-}
-
-impl State {
-    /// Removes call `id`'s entry, noting who must be woken for the slot it frees.
-    fn remove(&mut self, id: u64, freed: &mut Freed) -> Option<Waiting> {
-        let w = self.pending.remove(id)?;
-        freed.slot |= self.slot_waiters > 0;
-        freed.idle |= self.close_waits && self.pending.is_empty();
-        Some(w)
-    }
 }
 
 fn wake_all((a, b): (Option<Waker>, Option<Waker>)) {
