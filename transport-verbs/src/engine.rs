@@ -28,7 +28,11 @@
 //! credits. The buffer a control message (HELLO, CREDIT, FIN) took is granted back even while
 //! credits are withheld (it adds nothing to the backlog), and one a FIN took is granted back at
 //! once, by a CREDIT of its own, when the peer holds fewer than two: a FIN is what lets a peer's
-//! blocked sender go on, and it must not wait for the application that waits for it. The engine also counts the credits the peer holds: a
+//! blocked sender go on, and it must not wait for the application that waits for it. For the
+//! same reason, while payloads of this side are out by rendezvous and the peer holds fewer
+//! than two, withheld credits are lent to it up to three (at most three between two of its
+//! FINs): a peer that spent its second-to-last credit on a CREDIT could not send the FIN this
+//! side's application waits for. The engine also counts the credits the peer holds: a
 //! message that arrives without one, or a grant beyond the peer's announced queue, is a
 //! violation.
 //!
@@ -40,7 +44,8 @@
 //!   READs are posted only while the application keeps up.
 //! - Received messages the application has not taken (delivered or waiting behind a
 //!   rendezvous): above `backlog_max` messages or `backlog_bytes` bytes the credits of re-posted
-//!   buffers are withheld, so the peer runs out of credits and waits.
+//!   buffers are withheld, so the peer runs out of credits and waits (lent at most three of
+//!   them per FIN of its own while a rendezvous of this side waits for one).
 //! - Rendezvous out: at most `min(max_rendezvous_out, peer's limit)` payloads exposed and not
 //!   yet acknowledged by FIN; the next one waits (a `rendezvous_stall`), and no FIN for
 //!   `rendezvous_timeout` fails the connection.
@@ -72,6 +77,9 @@ pub(crate) const MAX_RNDV_COUNT: u32 = 4096;
 pub(crate) const MAX_READ_DEPTH: u32 = 255;
 /// Most work requests one [`Work`] item posts (an RTS: window bind + SEND).
 pub(crate) const MAX_WRS_PER_WORK: usize = 2;
+/// Withheld credits lent to a peer for the FINs this side waits for, between two of its FINs
+/// (`Engine::lend_for_fins`): a FIN and the CREDIT kept with it, and one for the grant back.
+const LEND_MAX: u32 = 3;
 
 /// The engine's settings (from [`crate::VerbsConfig`]).
 #[derive(Debug, Clone)]
@@ -331,6 +339,9 @@ pub(crate) struct Engine<P> {
     owed: u32,
     /// Buffers re-posted whose credit is held back while the application is behind.
     withheld: u32,
+    /// Withheld credits lent to the peer for the FINs this side waits for, since its last FIN
+    /// (at most [`LEND_MAX`]).
+    lent: u32,
     /// Messages / bytes handed to the application and not taken yet (set by the glue).
     backlog: usize,
     backlog_bytes: u64,
@@ -394,6 +405,7 @@ impl<P> Engine<P> {
             peer_credits: 1,
             owed,
             withheld: 0,
+            lent: 0,
             backlog: 0,
             backlog_bytes: 0,
             credit_stalled: false,
@@ -683,6 +695,8 @@ impl<P> Engine<P> {
             }
             Kind::Fin => {
                 let len = self.rndv_out.remove(&th.id).expect("checked above");
+                // What was lent for it served: the next wait may lend again.
+                self.lent = 0;
                 self.rndv_out_bytes -= len;
                 self.unexpose.push_back(th.id);
                 // The peer made progress: the time limit counts again from now.
@@ -928,10 +942,40 @@ impl<P> Engine<P> {
         } else if let Some(w) = self.next_out(peer) {
             return Some(w);
         }
+        if self.fins_short() {
+            self.lend_for_fins();
+            if self.owed > 0 && self.credits >= 1 {
+                return Some(self.control(Th::new(Kind::Credit)));
+            }
+        }
         if self.credit_due() {
             return Some(self.control(Th::new(Kind::Credit)));
         }
         None
+    }
+
+    /// Whether the peer holds too few credits for the FIN this side waits for: this side has
+    /// payloads out by rendezvous, and the peer holds fewer than the two a FIN needs. Without a
+    /// grant now, a peer that spent its second-to-last credit on a CREDIT would wait for this
+    /// side, whose application may wait (for rendezvous room) on that very FIN.
+    fn fins_short(&self) -> bool {
+        !self.rndv_out.is_empty() && self.peer_credits < 2
+    }
+
+    /// Credits withheld because the application is behind are lent to the peer up to three:
+    /// two for the FIN and the CREDIT it keeps, and one so that its own grant back leaves it
+    /// at two (a CREDIT answered by a CREDIT of one would go back and forth). At most
+    /// [`LEND_MAX`] between two FINs of the peer, so a peer that spends them on data instead
+    /// gets at most that many messages past the backlog limit per rendezvous of ours.
+    fn lend_for_fins(&mut self) {
+        let have = self.peer_credits + self.owed;
+        let lend = 3u32
+            .saturating_sub(have)
+            .min(self.withheld)
+            .min(LEND_MAX - self.lent);
+        self.withheld -= lend;
+        self.owed += lend;
+        self.lent += lend;
     }
 
     fn next_out(&mut self, peer: Peer) -> Option<Work<P>> {
@@ -1142,6 +1186,7 @@ impl<P> Engine<P> {
     fn release_withheld(&mut self) {
         self.owed += self.withheld;
         self.withheld = 0;
+        self.lent = 0;
     }
 
     fn push_ready(&mut self, d: Delivery) {

@@ -1039,38 +1039,45 @@ fn a_fins_buffer_is_granted_back_at_once_while_data_credits_are_withheld() {
     let first = send_rendezvous(&mut e, 8192);
     let second = send_rendezvous(&mut e, 8192);
     e.set_backlog(cfg().backlog_max, 0);
-    // The peer spends its credits on data: withheld, nothing granted back.
+    // The peer spends its credits on data down to one: withheld, except what it is lent for
+    // the FINs we wait for (up to three: `lend_for_fins`).
     let (_, peer_had, _, _) = e.credit_state();
     for i in 0..peer_had - 1 {
         e.on_recv(eager(&[i as u8; 10])).expect("eager");
     }
-    assert!(drain(&mut e).is_empty(), "data credits withheld");
+    let work = drain(&mut e);
+    assert_eq!(work.iter().map(kind_of).collect::<Vec<_>>(), ["CREDIT"]);
+    match &work[0] {
+        Work::Control(th) => assert_eq!(th.credits, 2, "lent up to three"),
+        _ => unreachable!(),
+    }
     let (_, peer_holds, owed, withheld) = e.credit_state();
-    assert_eq!((peer_holds, owed, withheld), (1, 0, peer_had - 1));
-    // Its FIN (with its last credit) comes back to it at once, by a CREDIT of its own.
+    assert_eq!((peer_holds, owed, withheld), (3, 0, peer_had - 3));
+    // Its first FIN leaves it two: the FIN's buffer is owed, nothing more is sent.
     let mut fin = Th::new(Kind::Fin);
     fin.id = first;
     e.on_recv(encode(fin, &[], &[])).expect("fin");
+    assert_eq!(
+        drain(&mut e).iter().map(kind_of).collect::<Vec<_>>(),
+        ["UNEXPOSE"]
+    );
+    // Its second leaves it one: both FINs' buffers come back at once, by a CREDIT of ours.
+    let mut fin = Th::new(Kind::Fin);
+    fin.id = second;
+    e.on_recv(encode(fin, &[], &[])).expect("second fin");
     let work = drain(&mut e);
     let kinds: Vec<_> = work.iter().map(kind_of).collect();
     assert_eq!(kinds, ["UNEXPOSE", "CREDIT"]);
     match &work[1] {
-        Work::Control(th) => assert_eq!(th.credits, 1, "the FIN's buffer"),
+        Work::Control(th) => assert_eq!(th.credits, 2, "the two FINs' buffers"),
         _ => unreachable!(),
     }
     assert_eq!(
         e.credit_state().3,
-        peer_had - 1,
+        peer_had - 3,
         "data credits still withheld"
     );
     // A CREDIT from the peer is granted back too, but not by a CREDIT of ours (no ping-pong).
-    let mut fin = Th::new(Kind::Fin);
-    fin.id = second;
-    e.on_recv(encode(fin, &[], &[])).expect("second fin");
-    assert_eq!(
-        drain(&mut e).iter().map(kind_of).collect::<Vec<_>>(),
-        ["UNEXPOSE", "CREDIT"]
-    );
     e.on_recv(encode(Th::new(Kind::Credit), &[], &[]))
         .expect("credit");
     assert!(drain(&mut e).is_empty(), "a CREDIT is not answered");
@@ -1078,6 +1085,68 @@ fn a_fins_buffer_is_granted_back_at_once_while_data_credits_are_withheld() {
         e.credit_state().2,
         1,
         "its buffer is owed, to go with the next message"
+    );
+}
+
+#[test]
+fn a_peer_short_of_credits_for_a_fin_we_wait_for_is_lent_them() {
+    // Found by `an_echo_server_answering_as_it_has_room_never_deadlocks`: the peer spent its
+    // second-to-last credit on a CREDIT, and must send a FIN (two credits) for our
+    // rendezvous; we withhold its data credits because our application is behind, and our
+    // application waits for rendezvous room, that is for that FIN.
+    let (mut e, _) = connected();
+    send_rendezvous(&mut e, 8192);
+    e.set_backlog(cfg().backlog_max, 0);
+    let (_, peer_had, _, _) = e.credit_state();
+    for i in 0..peer_had - 2 {
+        e.on_recv(eager(&[i as u8; 10])).expect("eager");
+    }
+    assert!(
+        drain(&mut e).is_empty(),
+        "holding two, it can send its FIN: nothing lent"
+    );
+    assert_eq!(e.credit_state().3, peer_had - 2, "data credits withheld");
+    e.on_recv(encode(Th::new(Kind::Credit), &[], &[]))
+        .expect("credit");
+    let work = drain(&mut e);
+    assert_eq!(work.iter().map(kind_of).collect::<Vec<_>>(), ["CREDIT"]);
+    match &work[0] {
+        Work::Control(th) => assert_eq!(th.credits, 2, "its CREDIT's buffer and one lent"),
+        _ => unreachable!(),
+    }
+    let (_, peer_holds, owed, withheld) = e.credit_state();
+    assert_eq!((peer_holds, owed, withheld), (3, 0, peer_had - 3));
+    // A peer that spends what it is lent on data instead gets no more than LEND_MAX past the
+    // backlog limit before its next FIN.
+    let mut sent = 0;
+    for round in 0..10u8 {
+        while e.credit_state().1 > 0 {
+            e.on_recv(eager(&[round; 10])).expect("eager");
+            sent += 1;
+        }
+        drain(&mut e);
+    }
+    assert_eq!(e.credit_state().1, 0, "left without credits");
+    assert_eq!(
+        sent,
+        3 + (LEND_MAX - 1),
+        "what it held, and the rest of the lending"
+    );
+    assert_eq!(e.lent, LEND_MAX);
+    // Without a rendezvous of ours out, nothing is lent: the peer waits for our application.
+    let (mut idle, _) = connected();
+    idle.set_backlog(cfg().backlog_max, 0);
+    let (_, had, _, _) = idle.credit_state();
+    for i in 0..had - 2 {
+        idle.on_recv(eager(&[i as u8; 10])).expect("eager");
+    }
+    idle.on_recv(encode(Th::new(Kind::Credit), &[], &[]))
+        .expect("credit");
+    drain(&mut idle);
+    assert_eq!(
+        idle.credit_state().3,
+        had - 2,
+        "no FIN awaited: nothing lent (what it is owed goes by the usual threshold)"
     );
 }
 
@@ -1241,4 +1310,84 @@ fn recv_small_declines_and_changes_nothing_it_does_not_handle() {
     );
     e.set_backlog(0, 0);
     assert!(e.recv_small(&eager(b"x").0).is_some(), "and no longer");
+}
+
+/// An echo server's application (`s`): takes a message only while its engine has room for
+/// the answer (`room` queued at most, as the glue's sender waits for room), and sends it back.
+fn echo(s: &mut Side, room: usize) -> bool {
+    let mut any = false;
+    while s.e.queued() < room {
+        let Some((h, p)) = s.app.pop_front() else {
+            break;
+        };
+        s.app_bytes -= p.len() as u64;
+        s.taken.push((h, p.clone()));
+        s.sent.push((h, p.clone()));
+        s.e.send(OutMsg {
+            header: h,
+            len: p.len(),
+            payload: p,
+        });
+        any = true;
+    }
+    s.e.set_backlog(s.app.len(), s.app_bytes);
+    any
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// A client sends a burst of eager and rendezvous messages to an echo server whose
+    /// application answers only while its queue has room (the conformance echo's shape): in
+    /// any interleaving the two never wait on each other for good (credits withheld by a side
+    /// that is behind, FINs that need credits, rendezvous room that needs FINs), and every
+    /// message comes back byte-exact and in order.
+    #[test]
+    fn an_echo_server_answering_as_it_has_room_never_deadlocks(
+        sizes in proptest::collection::vec(prop_oneof![3 => 0usize..200, 2 => 200usize..4000, 3 => 4100usize..40_000], 1..120),
+        room in 1usize..6,
+        steps in proptest::collection::vec((0u8..7, 0usize..5), 0..400),
+    ) {
+        let now = Instant::now();
+        let mut a = Side::new(now, cfg());
+        let mut b = Side::new(now, cfg());
+        for (i, len) in sizes.iter().enumerate() {
+            let header = HeaderBytes::new(&(i as u32).to_le_bytes()).expect("4 bytes");
+            let p = payload(*len, i as u8);
+            a.sent.push((header, p.clone()));
+            a.e.send(OutMsg { header, len: *len, payload: p });
+        }
+        for (what, n) in steps {
+            match what {
+                0 => { pump(&mut a, &mut b); }
+                1 => { pump(&mut b, &mut a); }
+                2 => { arrive(&mut a); }
+                3 => { arrive(&mut b); }
+                4 => { complete_read(&mut a); complete_read(&mut b); }
+                5 => { take(&mut a, n); }
+                _ => { echo(&mut b, room); }
+            }
+        }
+        let mut rounds = 0;
+        loop {
+            let mut any = pump(&mut a, &mut b);
+            any |= pump(&mut b, &mut a);
+            while arrive(&mut a) { any = true; }
+            while arrive(&mut b) { any = true; }
+            while complete_read(&mut a) { any = true; }
+            while complete_read(&mut b) { any = true; }
+            any |= take(&mut a, usize::MAX);
+            any |= echo(&mut b, room);
+            if !any { break; }
+            rounds += 1;
+            prop_assert!(rounds < 100_000, "no quiescence");
+        }
+        prop_assert_eq!(
+            a.taken.len(), a.sent.len(),
+            "stuck: a credits/peer/owed/withheld {:?} rendezvous {:?} queued {}; b {:?} {:?} queued {} app {}",
+            a.e.credit_state(), a.e.rendezvous_counts(), a.e.queued(),
+            b.e.credit_state(), b.e.rendezvous_counts(), b.e.queued(), b.app.len()
+        );
+        prop_assert!(a.taken == a.sent, "byte-exact and in order");
+    }
 }
