@@ -787,11 +787,13 @@ impl<P> Engine<P> {
     /// Credits go on their own (a CREDIT) when enough are owed and nothing carried them: at
     /// least 2, since a CREDIT costs the peer one buffer, which must not trigger a CREDIT back;
     /// and at once when a FIN's buffer is owed to a peer left with fewer than two credits (its
-    /// next FIN would wait for them).
+    /// next FIN would wait for them), or when that peer owes a FIN of ours ([`Self::fins_short`]).
     fn credit_due(&self) -> bool {
         let threshold = (self.cfg.recv_depth / 4).max(2);
         let fin_short = self.fin_owed && self.peer_credits < 2;
-        (self.owed >= threshold || fin_short) && self.owed > 0 && self.credits >= 1
+        (self.owed >= threshold || fin_short || self.fins_short())
+            && self.owed > 0
+            && self.credits >= 1
     }
 
     fn check_hello(&self, th: &Th) -> Result<Peer, ProtocolViolation> {
@@ -944,9 +946,6 @@ impl<P> Engine<P> {
         }
         if self.fins_short() {
             self.lend_for_fins();
-            if self.owed > 0 && self.credits >= 1 {
-                return Some(self.control(Th::new(Kind::Credit)));
-            }
         }
         if self.credit_due() {
             return Some(self.control(Th::new(Kind::Credit)));

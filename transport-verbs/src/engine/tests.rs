@@ -418,6 +418,17 @@ fn a_peer_that_never_says_hello_times_out() {
     assert_eq!(e.poll_timeout(), None);
 }
 
+/// Our application is behind and the peer spends its credits on data until it holds `left`:
+/// returns what it held before.
+fn behind_with_peer_at(e: &mut E, left: u32) -> u32 {
+    e.set_backlog(cfg().backlog_max, 0);
+    let (_, had, _, _) = e.credit_state();
+    for i in 0..had - left {
+        e.on_recv(eager(&[i as u8; 10])).expect("eager");
+    }
+    had
+}
+
 fn send_rendezvous(e: &mut E, len: usize) -> u32 {
     e.send(OutMsg {
         header: HeaderBytes::EMPTY,
@@ -1038,13 +1049,9 @@ fn a_fins_buffer_is_granted_back_at_once_while_data_credits_are_withheld() {
     // Two of our payloads are out by rendezvous; our application is behind.
     let first = send_rendezvous(&mut e, 8192);
     let second = send_rendezvous(&mut e, 8192);
-    e.set_backlog(cfg().backlog_max, 0);
     // The peer spends its credits on data down to one: withheld, except what it is lent for
     // the FINs we wait for (up to three: `lend_for_fins`).
-    let (_, peer_had, _, _) = e.credit_state();
-    for i in 0..peer_had - 1 {
-        e.on_recv(eager(&[i as u8; 10])).expect("eager");
-    }
+    let peer_had = behind_with_peer_at(&mut e, 1);
     let work = drain(&mut e);
     assert_eq!(work.iter().map(kind_of).collect::<Vec<_>>(), ["CREDIT"]);
     match &work[0] {
@@ -1096,11 +1103,7 @@ fn a_peer_short_of_credits_for_a_fin_we_wait_for_is_lent_them() {
     // application waits for rendezvous room, that is for that FIN.
     let (mut e, _) = connected();
     send_rendezvous(&mut e, 8192);
-    e.set_backlog(cfg().backlog_max, 0);
-    let (_, peer_had, _, _) = e.credit_state();
-    for i in 0..peer_had - 2 {
-        e.on_recv(eager(&[i as u8; 10])).expect("eager");
-    }
+    let peer_had = behind_with_peer_at(&mut e, 2);
     assert!(
         drain(&mut e).is_empty(),
         "holding two, it can send its FIN: nothing lent"
@@ -1135,11 +1138,7 @@ fn a_peer_short_of_credits_for_a_fin_we_wait_for_is_lent_them() {
     assert_eq!(e.lent, LEND_MAX);
     // Without a rendezvous of ours out, nothing is lent: the peer waits for our application.
     let (mut idle, _) = connected();
-    idle.set_backlog(cfg().backlog_max, 0);
-    let (_, had, _, _) = idle.credit_state();
-    for i in 0..had - 2 {
-        idle.on_recv(eager(&[i as u8; 10])).expect("eager");
-    }
+    let had = behind_with_peer_at(&mut idle, 2);
     idle.on_recv(encode(Th::new(Kind::Credit), &[], &[]))
         .expect("credit");
     drain(&mut idle);
