@@ -4,7 +4,9 @@
 //! (the payload is never copied into a staging buffer; a frame without payload goes by a plain
 //! write); [`StreamReceiver`] reads into a buffer
 //! and hands payloads out as zero-copy slices of it. A frame larger than the read buffer is
-//! read straight into a buffer of its own size taken from a small per-connection pool: the
+//! read straight into a buffer of its own size taken from a small per-connection pool (its
+//! last read also takes the next frame's prefix and header, so a stream of large frames costs
+//! one read per frame, as a plain OS reader's does): the
 //! buffer goes back to the pool when the last view of the payload drops, so a steady stream of
 //! large messages reuses memory whose pages are already mapped instead of faulting in fresh
 //! pages for every message (on Linux ~120 page faults per 500 KB response). Framing is
@@ -74,6 +76,11 @@ const LARGE_POOL_MAX_BUFFER: usize = 16 << 20;
 /// that frame's own buffer: a full 64 KiB read ahead costs a stream of 256 KB messages a
 /// quarter of a payload copy per message. A short read costs one more system call instead.
 const READ_AFTER_LARGE: usize = 1024;
+/// How far the last read of a large frame reaches into the stream beyond it: the next
+/// frame's prefix and largest header. A stream of large frames then takes one read per frame
+/// (the frame's rest and the next one's start) instead of two (the next frame's start being
+/// a read of its own), at the price of copying these few bytes into the read buffer.
+const READ_PAST_LARGE: usize = PREFIX_LEN + MAX_HEADER_LEN;
 
 /// Settings shared by the stream backends.
 ///
@@ -520,17 +527,19 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
     /// safe: nothing changes until the buffer is had.
     async fn start_large(&mut self, prefix: FramePrefix) -> Result<(), TransportError> {
         let total = prefix.frame_len();
-        let (mut buf, charge) = match self.large_pool.take(total) {
+        // Room for the frame and the start of the next one (`READ_PAST_LARGE`).
+        let whole_room = total.saturating_add(READ_PAST_LARGE);
+        let (mut buf, charge) = match self.large_pool.take(whole_room) {
             Some(reused) => reused,
             None => {
                 let budget = self.large_pool.budget.clone();
                 // With more than half the budget free the whole frame is reserved at once
                 // (no growth, no copy); otherwise its buffer grows with what arrives.
-                let whole = (budget.used().saturating_add(total) <= budget.limit() / 2)
-                    .then(|| budget.try_charge(total))
+                let whole = (budget.used().saturating_add(whole_room) <= budget.limit() / 2)
+                    .then(|| budget.try_charge(whole_room))
                     .flatten();
                 match whole {
-                    Some(charge) => (Vec::with_capacity(total), charge),
+                    Some(charge) => (Vec::with_capacity(whole_room), charge),
                     None => {
                         let first = total.min(LARGE_FIRST_CHUNK.max(2 * self.buf.len()));
                         let deadline = self.stall_deadline();
@@ -561,15 +570,25 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
     }
 
     /// Reads the large frame in progress to its end, growing its buffer (and its charge) as
-    /// bytes arrive. Cancel safe: progress stays in `large`.
+    /// bytes arrive. A buffer with room beyond the frame takes up to [`READ_PAST_LARGE`]
+    /// bytes of the stream after it in the same read; they move to the read buffer, where
+    /// the next frame starts. Cancel safe: progress stays in `large`.
     async fn finish_large(&mut self) -> Result<Message, TransportError> {
         loop {
-            let (len, total, full) = {
+            let (len, total, full, end) = {
                 let lf = self.large.as_ref().expect("a large frame is in progress");
                 let len = lf.buf.len();
-                (len, lf.prefix.frame_len(), len == lf.buf.capacity())
+                let total = lf.prefix.frame_len();
+                let cap = lf.buf.capacity();
+                // Read past the frame only into room the buffer already has.
+                let end = if cap > total {
+                    cap.min(total.saturating_add(READ_PAST_LARGE))
+                } else {
+                    total
+                };
+                (len, total, len == cap, end)
             };
-            if len == total {
+            if len >= total {
                 break;
             }
             let deadline = self.stall_deadline();
@@ -588,7 +607,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
             }
             let read = {
                 let lf = self.large.as_mut().expect("a large frame is in progress");
-                let mut room = (&mut lf.buf).limit(total - len);
+                let mut room = (&mut lf.buf).limit(end - len);
                 until(&mut self.stall_timer, deadline, self.io.read_buf(&mut room)).await
             };
             let n = match read {
@@ -607,7 +626,15 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
             self.progressed = true;
             self.metrics.bytes_received.add(n as u64);
         }
-        let lf = self.large.take().expect("a large frame is in progress");
+        let mut lf = self.large.take().expect("a large frame is in progress");
+        let total = lf.prefix.frame_len();
+        if lf.buf.len() > total {
+            // The next frame's start. The read buffer is empty: all it held of this frame
+            // moved to `lf.buf` (`start_large`), and it is not read into meanwhile.
+            debug_assert!(self.buf.is_empty());
+            self.buf.extend_from_slice(&lf.buf[total..]);
+            lf.buf.truncate(total);
+        }
         let frame = Bytes::from_owner(PooledFrame {
             buf: lf.buf,
             charge: lf.charge,
@@ -709,7 +736,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
 
     fn remaining_in_message(&self) -> Option<usize> {
         match &self.large {
-            Some(lf) => Some(lf.prefix.frame_len() - lf.buf.len()),
+            Some(lf) => Some(lf.prefix.frame_len().saturating_sub(lf.buf.len())),
             None => self
                 .decoder
                 .pending_frame_len()
@@ -858,6 +885,51 @@ mod tests {
         assert!(
             copied <= (64 << 10) + 7 * READ_AFTER_LARGE as u64,
             "{copied} payload bytes copied"
+        );
+    }
+
+    /// A stream of large frames takes one read per frame: each frame's last read also takes
+    /// the next frame's start (`READ_PAST_LARGE`), so that start is not a read of its own.
+    /// A small frame caught in that read arrives without another.
+    #[tokio::test]
+    async fn large_frames_in_a_row_take_one_read_each() {
+        let (a, b) = tokio::io::duplex(8 << 20);
+        let cfg = StreamConfig {
+            max_message_size: 1 << 20,
+            read_buffer_size: 64 << 10,
+            ..StreamConfig::default()
+        };
+        let mut tx = StreamSender::new(a, Arc::default(), &cfg);
+        let rx_metrics = Arc::new(Metrics::default());
+        let mut rx = StreamReceiver::new(b, rx_metrics.clone(), &cfg);
+        // Everything is written before the first read, so every read finds what it asks for.
+        for i in 0..8u8 {
+            let payload = Bytes::from(vec![i; 256 << 10]);
+            tx.send(Message::new(HeaderBytes::from([i]), payload))
+                .await
+                .unwrap();
+        }
+        tx.send(Message::new(
+            HeaderBytes::from([9]),
+            Bytes::from_static(b"tail"),
+        ))
+        .await
+        .unwrap();
+        for i in 0..8u8 {
+            let msg = rx.recv().await.unwrap().unwrap();
+            assert_eq!(msg.header.as_slice(), [i]);
+            assert!(msg.payload.len() == 256 << 10 && msg.payload.iter().all(|&b| b == i));
+        }
+        let reads_for_large = rx_metrics.snapshot().syscalls;
+        let tail = rx.recv().await.unwrap().unwrap();
+        assert_eq!(&tail.payload[..], b"tail");
+        // The first read fills the read buffer; then one read per frame, each ending in the
+        // next frame's start (two per frame without the read past the frame).
+        assert_eq!(reads_for_large, 1 + 8, "reads for 8 large frames");
+        assert_eq!(
+            rx_metrics.snapshot().syscalls,
+            reads_for_large,
+            "the small frame came with the last large frame's read"
         );
     }
 
