@@ -846,34 +846,8 @@ mod tests {
     /// A small frame after the large ones still arrives, and reads return to full size.
     #[tokio::test]
     async fn large_frames_in_a_row_are_barely_copied() {
-        let (a, b) = tokio::io::duplex(8 << 20);
-        let cfg = StreamConfig {
-            max_message_size: 1 << 20,
-            read_buffer_size: 64 << 10,
-            ..StreamConfig::default()
-        };
-        let m = Arc::new(Metrics::default());
-        let mut tx = StreamSender::new(a, m.clone(), &cfg);
-        let mut rx = StreamReceiver::new(b, m.clone(), &cfg);
-        // Everything is written before the first read: each read could take a full buffer.
-        for i in 0..8u8 {
-            let payload = Bytes::from(vec![i; 256 << 10]);
-            tx.send(Message::new(HeaderBytes::from([i]), payload))
-                .await
-                .unwrap();
-        }
-        tx.send(Message::new(
-            HeaderBytes::from([9]),
-            Bytes::from_static(b"small"),
-        ))
-        .await
-        .unwrap();
-        for i in 0..8u8 {
-            let msg = rx.recv().await.unwrap().unwrap();
-            assert_eq!(msg.header.as_slice(), [i]);
-            assert_eq!(msg.payload.len(), 256 << 10);
-            assert!(msg.payload.iter().all(|&b| b == i));
-        }
+        let (mut rx, m) = eight_large_frames_then_a_small_one().await;
+        recv_the_eight_large_frames(&mut rx).await;
         let small = rx.recv().await.unwrap().unwrap();
         assert_eq!(
             (small.header.as_slice(), &small.payload[..]),
@@ -893,6 +867,26 @@ mod tests {
     /// A small frame caught in that read arrives without another.
     #[tokio::test]
     async fn large_frames_in_a_row_take_one_read_each() {
+        let (mut rx, m) = eight_large_frames_then_a_small_one().await;
+        recv_the_eight_large_frames(&mut rx).await;
+        let reads_for_large = m.snapshot().syscalls;
+        let small = rx.recv().await.unwrap().unwrap();
+        assert_eq!(&small.payload[..], b"small");
+        // The first read fills the read buffer; then one read per frame, each ending in the
+        // next frame's start (two per frame without the read past the frame).
+        assert_eq!(reads_for_large, 1 + 8, "reads for 8 large frames");
+        assert_eq!(
+            m.snapshot().syscalls,
+            reads_for_large,
+            "the small frame came with the last large frame's read"
+        );
+    }
+
+    /// A receiver (read buffer 64 KiB) with 8 frames of 256 KiB (header `[i]`, payload all
+    /// `i`) and then a small one (header `[9]`, payload "small") written before its first
+    /// read, so every read could take a full buffer; and the receiver's own counters.
+    async fn eight_large_frames_then_a_small_one(
+    ) -> (StreamReceiver<tokio::io::DuplexStream>, Arc<Metrics>) {
         let (a, b) = tokio::io::duplex(8 << 20);
         let cfg = StreamConfig {
             max_message_size: 1 << 20,
@@ -900,37 +894,27 @@ mod tests {
             ..StreamConfig::default()
         };
         let mut tx = StreamSender::new(a, Arc::default(), &cfg);
-        let rx_metrics = Arc::new(Metrics::default());
-        let mut rx = StreamReceiver::new(b, rx_metrics.clone(), &cfg);
-        // Everything is written before the first read, so every read finds what it asks for.
+        let m = Arc::new(Metrics::default());
+        let rx = StreamReceiver::new(b, m.clone(), &cfg);
         for i in 0..8u8 {
             let payload = Bytes::from(vec![i; 256 << 10]);
             tx.send(Message::new(HeaderBytes::from([i]), payload))
                 .await
                 .unwrap();
         }
-        tx.send(Message::new(
-            HeaderBytes::from([9]),
-            Bytes::from_static(b"tail"),
-        ))
-        .await
-        .unwrap();
+        let small = Message::new(HeaderBytes::from([9]), Bytes::from_static(b"small"));
+        tx.send(small).await.unwrap();
+        (rx, m)
+    }
+
+    /// Receives and checks the 8 large frames of [`eight_large_frames_then_a_small_one`].
+    async fn recv_the_eight_large_frames(rx: &mut StreamReceiver<tokio::io::DuplexStream>) {
         for i in 0..8u8 {
             let msg = rx.recv().await.unwrap().unwrap();
             assert_eq!(msg.header.as_slice(), [i]);
-            assert!(msg.payload.len() == 256 << 10 && msg.payload.iter().all(|&b| b == i));
+            assert_eq!(msg.payload.len(), 256 << 10);
+            assert!(msg.payload.iter().all(|&b| b == i));
         }
-        let reads_for_large = rx_metrics.snapshot().syscalls;
-        let tail = rx.recv().await.unwrap().unwrap();
-        assert_eq!(&tail.payload[..], b"tail");
-        // The first read fills the read buffer; then one read per frame, each ending in the
-        // next frame's start (two per frame without the read past the frame).
-        assert_eq!(reads_for_large, 1 + 8, "reads for 8 large frames");
-        assert_eq!(
-            rx_metrics.snapshot().syscalls,
-            reads_for_large,
-            "the small frame came with the last large frame's read"
-        );
     }
 
     /// The receiver reports how much of a partly received message is still to come, for
