@@ -209,6 +209,10 @@ impl<W: AsyncWrite + Unpin + Send + 'static> StreamSender<W> {
                 // One frame queued (a lone `send`, the usual case): its rest is one or two
                 // parts, written without filling the array of `MAX_SLICES` slices below (a
                 // KiB of stores per write, about a tenth of a small send's instructions).
+                // One contiguous part (a frame with an empty payload, such as a `void o()`
+                // call or its reply, or the payload's rest) is a plain write, which spares the
+                // kernel importing an iovec array
+                // (docs/notes/2026-12-03-bench-one-contiguous-write.md).
                 if queue.len() == 1 {
                     let [head, payload] = queue[0].parts();
                     let io = std::pin::Pin::new(&mut *io);
@@ -238,12 +242,7 @@ impl<W: AsyncWrite + Unpin + Send + 'static> StreamSender<W> {
                         }
                     }
                 }
-                // One contiguous part (a frame with an empty payload, such as a `void o()`
-                // call or its reply): a plain write, which spares the kernel importing an
-                // iovec array (docs/notes/2026-12-03-bench-one-contiguous-write.md).
-                if n_slices == 1 {
-                    return std::pin::Pin::new(&mut *io).poll_write(cx, &slices[0]);
-                }
+                // Two frames or more: at least two parts (every frame's head is non-empty).
                 std::pin::Pin::new(&mut *io).poll_write_vectored(cx, &slices[..n_slices])
             })
             .await?;
