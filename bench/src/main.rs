@@ -91,6 +91,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 use suite::{OsBaseline, Settings};
+
+/// `--spin-us`'s default: the library's suggested budget (`transport_core::spin`).
+const DEFAULT_SPIN_US: u64 = transport_core::spin::DEFAULT_BUDGET.as_micros() as u64;
 use transport_core::{Listener, Transport};
 use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
@@ -280,8 +283,9 @@ struct RunArgs {
     /// Before a runtime thread sleeps, poll its waiting sockets for up to this many µs
     /// (`transport_core::spin`; 0: never); with `--rpc-io blocking`, also the blocking client
     /// and server before they block in recv (`BlockingConfig::spin`). Helps when client and
-    /// server run on different CPUs; ignored where the process may use one CPU only.
-    #[arg(long, default_value_t = 0)]
+    /// server run on different CPUs; ignored where the process may use one CPU only, and
+    /// backs off by itself where spins do not pay (the peer shares the CPU, or is slow).
+    #[arg(long, default_value_t = DEFAULT_SPIN_US)]
     spin_us: u64,
     #[command(flatten)]
     verbs: verbs_args::VerbsArgs,
@@ -349,8 +353,8 @@ struct ServerArgs {
     #[arg(long)]
     verbs_listen: Option<SocketAddr>,
     /// Before the server's runtime sleeps, poll its waiting sockets for up to this many µs
-    /// (0: never).
-    #[arg(long, default_value_t = 0)]
+    /// (0: never; backs off by itself where spins do not pay).
+    #[arg(long, default_value_t = DEFAULT_SPIN_US)]
     spin_us: u64,
     #[command(flatten)]
     verbs_settings: verbs_args::VerbsArgs,

@@ -20,8 +20,12 @@
 //! callbacks together, so `poll(2)`, which costs less, is safe there.
 //!
 //! It costs CPU only after activity: a thread parks once per wake-up, so an idle process spins
-//! once (one budget) and then sleeps. Spins that keep finding nothing (the peer shares this
-//! CPU, or it is slow) make the thread skip spinning for a growing number of parks.
+//! once (one budget) and then sleeps. Spins that keep finding nothing (the peer is slow), or
+//! find something only after this thread was switched out while it spun (the peer shares its
+//! CPU: it could reply only once this thread yielded, and would have as soon had it slept),
+//! make the thread skip spinning for a growing number of parks. So the hook can be installed
+//! wherever the process may use more than one CPU: it spins where that pays and backs off
+//! where it does not ([`DEFAULT_BUDGET`] is what the bench uses).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -41,6 +45,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
+
+/// A spin budget that covers a reply from a peer on another CPU of the same machine (a
+/// round trip there is 5-20 µs), at a cost of at most this much CPU per wake-up of an idle
+/// thread. The bench's default (`--spin-us`).
+pub const DEFAULT_BUDGET: Duration = Duration::from_micros(50);
 
 /// Set once any hook exists: receivers register their sockets only then.
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -197,10 +206,23 @@ pub fn useful_budget(budget: Duration, cpus: usize) -> Duration {
 pub enum Spun {
     /// Nothing to wait for, or skipping after failed spins, or no budget.
     Skipped,
-    /// A socket became readable within the budget.
+    /// A socket was readable at the first look: the spin saved nothing (the runtime would
+    /// not have slept either), and neither starts the failure count over nor adds to it.
+    Ready,
+    /// A socket became readable within the budget, without this thread being switched out.
     Found,
+    /// A socket became readable, but only after this thread had been switched out while it
+    /// spun (the peer most likely shares its CPU): counted as a failure.
+    Shared,
     /// The budget passed with nothing readable.
     Nothing,
+}
+
+impl Spun {
+    /// Whether the spin saw a socket readable.
+    pub fn found_data(self) -> bool {
+        matches!(self, Spun::Ready | Spun::Found | Spun::Shared)
+    }
 }
 
 /// Spins for at most `budget` on the sockets this thread's receivers wait on.
@@ -249,27 +271,74 @@ pub fn spin_before_park(budget: Duration) -> Spun {
 
 /// Calls `ready` until it says yes or `budget` passes, yielding the CPU between calls; counts
 /// the failures for backing off (the blocking RPC spins with it too).
-pub(crate) fn spin(budget: Duration, mut ready: impl FnMut() -> bool) -> Spun {
+///
+/// A find counts as a failure too when this thread was switched out while it spun (its
+/// context switches, read before the first yield and at the find, grew): what it waited
+/// for then came while it had given its CPU away, most likely because the peer shares that
+/// CPU and could only run when this thread yielded. Sleeping would have let it run as soon,
+/// without the spin's system calls, so such spins back off as empty ones do.
+pub(crate) fn spin(budget: Duration, ready: impl FnMut() -> bool) -> Spun {
+    spin_counting(budget, ready, thread_switches)
+}
+
+/// [`spin`] with the thread's context switches read by `switches`.
+fn spin_counting(
+    budget: Duration,
+    mut ready: impl FnMut() -> bool,
+    switches: impl Fn() -> u64,
+) -> Spun {
     let start = Instant::now();
+    let mut switches_before = None;
     loop {
         if ready() {
+            let Some(before) = switches_before else {
+                return Spun::Ready;
+            };
+            if switches() > before {
+                failed_spin();
+                return Spun::Shared;
+            }
             FAILS.with(|f| f.set(0));
             return Spun::Found;
         }
         if start.elapsed() >= budget {
-            let fails = FAILS.with(|f| {
-                f.set(f.get().saturating_add(1));
-                f.get()
-            });
-            if fails >= FAILS_BEFORE_SKIPPING {
-                let shift = (fails - FAILS_BEFORE_SKIPPING).min(10);
-                SKIP.with(|s| s.set((1u32 << shift).min(MAX_SKIP)));
-            }
+            failed_spin();
             return Spun::Nothing;
+        }
+        if switches_before.is_none() {
+            switches_before = Some(switches());
         }
         // Let a peer that shares this CPU run.
         std::thread::yield_now();
     }
+}
+
+/// Counts a spin that did not pay; after [`FAILS_BEFORE_SKIPPING`] in a row, the thread
+/// skips a doubling number of parks (up to [`MAX_SKIP`]) before it spins again.
+fn failed_spin() {
+    let fails = FAILS.with(|f| {
+        f.set(f.get().saturating_add(1));
+        f.get()
+    });
+    if fails >= FAILS_BEFORE_SKIPPING {
+        let shift = (fails - FAILS_BEFORE_SKIPPING).min(10);
+        SKIP.with(|s| s.set((1u32 << shift).min(MAX_SKIP)));
+    }
+}
+
+/// The calling thread's context switches so far, voluntary and not (0 if they cannot be
+/// read: then no spin is seen as shared).
+fn thread_switches() -> u64 {
+    // SAFETY: a zeroed rusage is a valid value; getrusage writes at most one rusage into it
+    // for the duration of the call.
+    let (rc, usage) = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        (libc::getrusage(libc::RUSAGE_THREAD, &mut usage), usage)
+    };
+    if rc != 0 {
+        return 0;
+    }
+    (usage.ru_nvcsw as u64).wrapping_add(usage.ru_nivcsw as u64)
 }
 
 /// Whether `fd` is a Unix-domain socket (false if that cannot be told).
@@ -427,7 +496,11 @@ mod tests {
         assert_eq!(spin_before_park(budget), Spun::Nothing);
         assert!(t.elapsed() >= budget);
         b.write_all(b"x").unwrap();
-        assert_eq!(spin_before_park(budget), Spun::Found);
+        assert_eq!(
+            spin_before_park(budget),
+            Spun::Ready,
+            "readable at the first look"
+        );
         drop(reg);
         assert_eq!(
             spin_before_park(budget),
@@ -436,7 +509,7 @@ mod tests {
         );
         let (c, _d) = UnixStream::pair().unwrap();
         let _reg = Registration::new(c.as_raw_fd());
-        // The first pair's spins have failed once (Nothing) and found once: start over.
+        // The first pair's spins have failed once (Nothing): start over.
         FAILS.with(|f| f.set(0));
         for _ in 0..FAILS_BEFORE_SKIPPING {
             assert_eq!(spin_before_park(budget), Spun::Nothing);
@@ -453,6 +526,103 @@ mod tests {
             Spun::Skipped,
             "two parks skipped now"
         );
+    }
+
+    /// Pins the calling thread to `cpu`.
+    fn pin_to(cpu: usize) {
+        // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it, and
+        // sched_setaffinity(0, ..) reads it and changes the calling thread only.
+        let rc = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+        };
+        assert_eq!(rc, 0, "pin to CPU {cpu}");
+    }
+
+    /// The first CPU this thread may run on.
+    fn first_cpu() -> usize {
+        // SAFETY: as in `available_cpus`; CPU_ISSET only reads the set.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            assert_eq!(libc::sched_getaffinity(0, size, &mut set), 0);
+            (0..libc::CPU_SETSIZE as usize)
+                .find(|&c| libc::CPU_ISSET(c, &set))
+                .expect("some CPU")
+        }
+    }
+
+    /// A peer pinned to the spinning thread's CPU answers only when that thread gives the
+    /// CPU away: the find counts as shared, a failed spin that starts the back-off (the
+    /// thread had three failures, the fourth makes it skip its next park).
+    #[test]
+    fn a_find_that_needed_the_cpu_given_away_counts_as_a_failure() {
+        use std::sync::atomic::AtomicU32;
+        let cpu = first_cpu();
+        let (spun, fails, skip) = std::thread::spawn(move || {
+            pin_to(cpu);
+            let polls = Arc::new(AtomicU32::new(0));
+            let answered = Arc::new(AtomicBool::new(false));
+            let peer = {
+                let (polls, answered) = (polls.clone(), answered.clone());
+                std::thread::spawn(move || {
+                    pin_to(cpu);
+                    // Answer once the spinner has polled twice: its second poll comes after
+                    // it read its switch count, before it yields again. Bounded: the spin
+                    // gives up after its budget and then this loop after its own.
+                    let t = Instant::now();
+                    while polls.load(Ordering::SeqCst) < 2 && t.elapsed() < Duration::from_secs(10)
+                    {
+                        std::thread::yield_now();
+                    }
+                    answered.store(true, Ordering::SeqCst);
+                })
+            };
+            FAILS.with(|f| f.set(FAILS_BEFORE_SKIPPING - 1));
+            let spun = spin(Duration::from_secs(5), || {
+                polls.fetch_add(1, Ordering::SeqCst);
+                answered.load(Ordering::SeqCst)
+            });
+            let (fails, skip) = (FAILS.with(Cell::get), SKIP.with(Cell::get));
+            peer.join().expect("peer");
+            (spun, fails, skip)
+        })
+        .join()
+        .expect("spinner");
+        assert_eq!(spun, Spun::Shared, "the peer could only answer on this CPU");
+        assert_eq!(fails, FAILS_BEFORE_SKIPPING, "counted as a failure");
+        assert_eq!(skip, 1, "the fourth failure in a row skips the next park");
+    }
+
+    /// How each kind of find counts, with the switch count given: readable at the first
+    /// look changes nothing; after a yield with no switch it starts the failure count over;
+    /// after a switch it adds to it, as an empty spin does.
+    #[test]
+    fn finds_count_by_whether_the_thread_was_switched_out() {
+        let budget = Duration::from_secs(5);
+        let fails = || FAILS.with(Cell::get);
+        let on_call = |n: u32| {
+            let mut calls = 0;
+            move || {
+                calls += 1;
+                calls >= n
+            }
+        };
+        FAILS.with(|f| f.set(2));
+        assert_eq!(spin_counting(budget, on_call(1), || 7), Spun::Ready);
+        assert_eq!(fails(), 2, "a find at the first look is neutral");
+        let switches = Cell::new(7);
+        let switched = || {
+            switches.set(switches.get() + 1);
+            switches.get()
+        };
+        assert_eq!(spin_counting(budget, on_call(3), switched), Spun::Shared);
+        assert_eq!(fails(), 3, "a find after a switch is a failure");
+        assert_eq!(spin_counting(budget, on_call(3), || 7), Spun::Found);
+        assert_eq!(fails(), 0, "a find without a switch starts over");
+        assert!(Spun::Ready.found_data() && Spun::Found.found_data() && Spun::Shared.found_data());
+        assert!(!Spun::Nothing.found_data() && !Spun::Skipped.found_data());
     }
 
     /// A connected pair of TCP sockets on loopback (what the epoll set is for).
@@ -475,7 +645,7 @@ mod tests {
         assert_eq!(spin_before_park(budget), Spun::Nothing);
         b.write_all(b"x").unwrap();
         // Loopback delivers within the budget (bounded: the spin returns either way).
-        assert_eq!(spin_before_park(Duration::from_secs(2)), Spun::Found);
+        assert!(spin_before_park(Duration::from_secs(2)).found_data());
         let in_set = SPIN_SET.with(|s| {
             let s = s.borrow();
             let set = s.as_ref().expect("made by the first spin");
@@ -490,7 +660,7 @@ mod tests {
             "TCP in the epoll set, Unix polled"
         );
         v.write_all(b"y").unwrap();
-        assert_eq!(spin_before_park(budget), Spun::Found);
+        assert!(spin_before_park(budget).found_data());
     }
 
     /// A socket that reuses the descriptor number of a closed one (which left the epoll set
@@ -504,7 +674,7 @@ mod tests {
         let fd = a.as_raw_fd();
         let reg = Registration::new(fd);
         b.write_all(b"x").unwrap();
-        assert_eq!(spin_before_park(Duration::from_secs(2)), Spun::Found);
+        assert!(spin_before_park(Duration::from_secs(2)).found_data());
         drop((reg, b));
         // Another socket under the same number: dup2 closes the first socket and reuses its
         // number in one step (no other thread can take the number in between).
@@ -519,7 +689,7 @@ mod tests {
         let _reg = Registration::new(reused.as_raw_fd());
         d.write_all(b"y").unwrap();
         let first = spin_before_park(budget);
-        let found = first == Spun::Found || spin_before_park(Duration::from_secs(2)) == Spun::Found;
+        let found = first.found_data() || spin_before_park(Duration::from_secs(2)).found_data();
         assert!(found, "the reused descriptor was not found: {first:?}");
         drop(reused);
     }
