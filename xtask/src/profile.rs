@@ -281,11 +281,14 @@ fn on_host(bench: &Path, transport: &str, o: &Opts) -> Result<String, String> {
     let port = 15301 + (std::process::id() % 2000) as u16 * 2;
     let (server, ready) = match transport {
         "uds" => (
-            format!("--listen 127.0.0.1:0 --uds {w}/b.sock --os-uds {w}/os.sock"),
+            format!("--listen 127.0.0.1:0 --uds {w}/b.sock --os-uds {w}/os.sock --spin-us 0"),
             "os baseline (blocking sockets) uds",
         ),
         _ => (
-            format!("--listen 127.0.0.1:{port} --os-tcp 127.0.0.1:{}", port + 1),
+            format!(
+                "--listen 127.0.0.1:{port} --os-tcp 127.0.0.1:{} --spin-us 0",
+                port + 1
+            ),
             "os baseline (blocking sockets) tcp",
         ),
     };
