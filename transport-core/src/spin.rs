@@ -19,6 +19,9 @@
 //! callbacks have run, the runtime's included. A Unix socket queues its data and runs its
 //! callbacks together, so `poll(2)`, which costs less, is safe there.
 //!
+//! It spins only on reads that began to wait since the thread's last park (an answer
+//! awaited since the turn that just ended), not on ones that have waited across parks (an
+//! idle connection, a stream's acknowledgement while the thread waits for room to write).
 //! It costs CPU only after activity: a thread parks once per wake-up, so an idle process spins
 //! once (one budget) and then sleeps. Spins that keep finding nothing (the peer is slow), or
 //! find something only after this thread was switched out while it spun (the peer shares its
@@ -59,7 +62,9 @@ const FAILS_BEFORE_SKIPPING: u32 = 4;
 /// Most parks skipped after failed spins.
 const MAX_SKIP: u32 = 1024;
 
-type Waiting = Arc<Mutex<Vec<RawFd>>>;
+/// The sockets this thread's receivers wait on, each with the park count when its read
+/// began to wait.
+type Waiting = Arc<Mutex<Vec<(RawFd, u64)>>>;
 
 /// This thread's epoll set for spinning (edge-triggered `EPOLLIN` on each socket it waited on:
 /// an arrival is reported once, and sockets no longer waited on do not keep reporting unread
@@ -150,11 +155,12 @@ impl SpinSet {
 thread_local! {
     static SPIN_SET: RefCell<Option<SpinSet>> = const { RefCell::new(None) };
     static WAITING: Waiting = Arc::default();
+    static PARKS: Cell<u64> = const { Cell::new(0) };
     static FAILS: Cell<u32> = const { Cell::new(0) };
     static SKIP: Cell<u32> = const { Cell::new(0) };
 }
 
-fn lock(w: &Waiting) -> std::sync::MutexGuard<'_, Vec<RawFd>> {
+fn lock(w: &Waiting) -> std::sync::MutexGuard<'_, Vec<(RawFd, u64)>> {
     w.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -225,8 +231,23 @@ impl Spun {
     }
 }
 
-/// Spins for at most `budget` on the sockets this thread's receivers wait on.
+/// Spins for at most `budget` on the sockets this thread's receivers began to wait on since
+/// its last park.
+///
+/// Only those: a read that began to wait in the turn that just ended (a request sent, its
+/// answer awaited) is one whose data may come within microseconds. A read that has waited
+/// across parks is waiting on a peer with nothing to say (a stream's acknowledgement, an
+/// idle connection) while the thread sleeps for something else, such as room to write;
+/// spinning on it only delayed the thread: on one CPU a raw stream's writer, spinning on its
+/// idle reply socket while its receiver drained the socket, settled into filling and
+/// draining the whole socket buffer in turns, and moved half as much
+/// (docs/notes/2026-12-06-spin-by-default.md).
 pub fn spin_before_park(budget: Duration) -> Spun {
+    let park = PARKS.with(|p| {
+        let park = p.get();
+        p.set(park.wrapping_add(1));
+        park
+    });
     if budget.is_zero() {
         return Spun::Skipped;
     }
@@ -235,7 +256,13 @@ pub fn spin_before_park(budget: Duration) -> Spun {
         SKIP.with(|s| s.set(skip - 1));
         return Spun::Skipped;
     }
-    let waiting: Vec<RawFd> = WAITING.with(|w| lock(w).clone());
+    let waiting: Vec<RawFd> = WAITING.with(|w| {
+        lock(w)
+            .iter()
+            .filter(|&&(_, since)| since == park)
+            .map(|&(fd, _)| fd)
+            .collect()
+    });
     if waiting.is_empty() {
         return Spun::Skipped;
     }
@@ -386,7 +413,8 @@ struct Registration {
 impl Registration {
     fn new(fd: RawFd) -> Registration {
         let waiting = WAITING.with(Arc::clone);
-        lock(&waiting).push(fd);
+        let park = PARKS.with(Cell::get);
+        lock(&waiting).push((fd, park));
         Registration { waiting, fd }
     }
 }
@@ -394,7 +422,7 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         let mut w = lock(&self.waiting);
-        if let Some(i) = w.iter().position(|&f| f == self.fd) {
+        if let Some(i) = w.iter().position(|&(f, _)| f == self.fd) {
             w.swap_remove(i);
         }
     }
@@ -463,7 +491,7 @@ mod tests {
         // What a hook with a budget does (set directly: on a single CPU a hook never spins,
         // and registers nothing).
         ENABLED.store(true, Ordering::Relaxed);
-        let waiting = || WAITING.with(|w| lock(w).clone());
+        let waiting = || WAITING.with(|w| lock(w).iter().map(|&(fd, _)| fd).collect::<Vec<_>>());
         let (a, _b) = UnixStream::pair().unwrap();
         let fd = a.as_raw_fd();
         assert_eq!(spinning(Some(fd), async { 7 }).await, 7);
@@ -478,6 +506,12 @@ mod tests {
         assert!(waiting().is_empty(), "removed once the read completed");
     }
 
+    /// Spins once on `fds`, registered as waited on since just before this park.
+    fn spin_on(fds: &[RawFd], budget: Duration) -> Spun {
+        let _waiting: Vec<Registration> = fds.iter().map(|&fd| Registration::new(fd)).collect();
+        spin_before_park(budget)
+    }
+
     /// A spin returns as soon as a registered socket is readable, finds nothing within the
     /// budget otherwise, skips when nothing is registered, and after repeated empty spins
     /// skips a growing number of parks.
@@ -490,42 +524,64 @@ mod tests {
             "nothing registered"
         );
         let (a, mut b) = UnixStream::pair().unwrap();
-        let reg = Registration::new(a.as_raw_fd());
-        assert_eq!(spin_before_park(Duration::ZERO), Spun::Skipped);
+        let a = [a.as_raw_fd()];
+        assert_eq!(spin_on(&a, Duration::ZERO), Spun::Skipped);
         let t = Instant::now();
-        assert_eq!(spin_before_park(budget), Spun::Nothing);
+        assert_eq!(spin_on(&a, budget), Spun::Nothing);
         assert!(t.elapsed() >= budget);
         b.write_all(b"x").unwrap();
         assert_eq!(
-            spin_before_park(budget),
+            spin_on(&a, budget),
             Spun::Ready,
             "readable at the first look"
         );
-        drop(reg);
         assert_eq!(
             spin_before_park(budget),
             Spun::Skipped,
             "unregistered on drop"
         );
         let (c, _d) = UnixStream::pair().unwrap();
-        let _reg = Registration::new(c.as_raw_fd());
+        let c = [c.as_raw_fd()];
         // The first pair's spins have failed once (Nothing): start over.
         FAILS.with(|f| f.set(0));
         for _ in 0..FAILS_BEFORE_SKIPPING {
-            assert_eq!(spin_before_park(budget), Spun::Nothing);
+            assert_eq!(spin_on(&c, budget), Spun::Nothing);
         }
-        assert_eq!(spin_before_park(budget), Spun::Skipped, "backing off");
+        assert_eq!(spin_on(&c, budget), Spun::Skipped, "backing off");
         assert_eq!(
-            spin_before_park(budget),
+            spin_on(&c, budget),
             Spun::Nothing,
             "one park skipped, then tries"
         );
-        assert_eq!(spin_before_park(budget), Spun::Skipped);
+        assert_eq!(spin_on(&c, budget), Spun::Skipped);
+        assert_eq!(spin_on(&c, budget), Spun::Skipped, "two parks skipped now");
+    }
+
+    /// Only reads that began to wait since the thread's last park are spun on: one that has
+    /// waited across a park is left alone, readable or not, while a new one beside it is
+    /// found.
+    #[test]
+    fn reads_waiting_since_before_the_last_park_are_not_spun_on() {
+        let budget = Duration::from_millis(2);
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let _old = Registration::new(a.as_raw_fd());
+        b.write_all(b"x").unwrap();
+        assert_eq!(spin_before_park(budget), Spun::Ready, "new: spun on");
         assert_eq!(
             spin_before_park(budget),
             Spun::Skipped,
-            "two parks skipped now"
+            "waited across a park"
         );
+        let (c, mut d) = UnixStream::pair().unwrap();
+        let _new = Registration::new(c.as_raw_fd());
+        assert_eq!(
+            spin_before_park(budget),
+            Spun::Nothing,
+            "the old one is not looked at"
+        );
+        let _newer = Registration::new(c.as_raw_fd());
+        d.write_all(b"y").unwrap();
+        assert_eq!(spin_before_park(budget), Spun::Ready);
     }
 
     /// Pins the calling thread to `cpu`.
@@ -640,12 +696,11 @@ mod tests {
         let budget = Duration::from_millis(2);
         let (a, mut b) = tcp_pair();
         let (u, mut v) = UnixStream::pair().unwrap();
-        let _r1 = Registration::new(a.as_raw_fd());
-        let _r2 = Registration::new(u.as_raw_fd());
-        assert_eq!(spin_before_park(budget), Spun::Nothing);
+        let both = [a.as_raw_fd(), u.as_raw_fd()];
+        assert_eq!(spin_on(&both, budget), Spun::Nothing);
         b.write_all(b"x").unwrap();
         // Loopback delivers within the budget (bounded: the spin returns either way).
-        assert!(spin_before_park(Duration::from_secs(2)).found_data());
+        assert!(spin_on(&both, Duration::from_secs(2)).found_data());
         let in_set = SPIN_SET.with(|s| {
             let s = s.borrow();
             let set = s.as_ref().expect("made by the first spin");
@@ -660,7 +715,7 @@ mod tests {
             "TCP in the epoll set, Unix polled"
         );
         v.write_all(b"y").unwrap();
-        assert!(spin_before_park(budget).found_data());
+        assert!(spin_on(&both, budget).found_data());
     }
 
     /// A socket that reuses the descriptor number of a closed one (which left the epoll set
@@ -672,10 +727,9 @@ mod tests {
         let budget = Duration::from_millis(2);
         let (a, mut b) = tcp_pair();
         let fd = a.as_raw_fd();
-        let reg = Registration::new(fd);
         b.write_all(b"x").unwrap();
-        assert!(spin_before_park(Duration::from_secs(2)).found_data());
-        drop((reg, b));
+        assert!(spin_on(&[fd], Duration::from_secs(2)).found_data());
+        drop(b);
         // Another socket under the same number: dup2 closes the first socket and reuses its
         // number in one step (no other thread can take the number in between).
         let fd = a.into_raw_fd();
@@ -686,10 +740,10 @@ mod tests {
         // SAFETY: `fd` is open (dup2 above) and owned by nothing else from here on.
         let reused = unsafe { std::net::TcpStream::from_raw_fd(fd) };
         drop(c);
-        let _reg = Registration::new(reused.as_raw_fd());
+        let reused_fd = [reused.as_raw_fd()];
         d.write_all(b"y").unwrap();
-        let first = spin_before_park(budget);
-        let found = first.found_data() || spin_before_park(Duration::from_secs(2)).found_data();
+        let first = spin_on(&reused_fd, budget);
+        let found = first.found_data() || spin_on(&reused_fd, Duration::from_secs(2)).found_data();
         assert!(found, "the reused descriptor was not found: {first:?}");
         drop(reused);
     }
