@@ -91,13 +91,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 use suite::{OsBaseline, Settings};
-
-/// `--spin-us`'s default: the library's suggested budget (`transport_core::spin`).
-const DEFAULT_SPIN_US: u64 = transport_core::spin::DEFAULT_BUDGET.as_micros() as u64;
 use transport_core::{Listener, Transport};
 use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
 use transport_verbs::VerbsTransport;
+
+/// `--spin-us`'s default: the library's suggested budget (`transport_core::spin`).
+const DEFAULT_SPIN_US: u64 = transport_core::spin::DEFAULT_BUDGET.as_micros() as u64;
 
 /// Default TCP port of `bench server`.
 const DEFAULT_PORT: u16 = 5201;

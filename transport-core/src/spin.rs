@@ -467,13 +467,7 @@ mod tests {
     fn a_pinned_thread_sees_the_process_cpus() {
         let process = available_cpus();
         let seen = std::thread::spawn(|| {
-            // SAFETY: as in `available_cpus`; CPU_SET writes within the set, and
-            // sched_setaffinity(0, ..) reads it and changes this (spawned) thread only.
-            unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(0, &mut set);
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-            }
+            pin_to(first_cpu());
             available_cpus()
         })
         .join()
