@@ -154,7 +154,10 @@ pub trait MessageReceiver: Send + 'static {
     /// to wake this task: [`TryRecv::Empty`] when nothing is (the next `recv` would wait),
     /// [`TryRecv::Unknown`] when the transport cannot tell without a `recv` (the default).
     /// The RPC server looks here before it writes the replies it has, so that it does not
-    /// start a wait on a connection it is about to write to.
+    /// start a wait on a connection it is about to write to; the RPC client looks here
+    /// before it starts a read, so that a reply already there costs no read future.
+    /// An implementation should be cheap when nothing is there (no system call): the
+    /// client looks before every read it starts.
     fn try_recv(&mut self) -> TryRecv {
         TryRecv::Unknown
     }

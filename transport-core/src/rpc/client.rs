@@ -4,9 +4,10 @@ use super::error::{ProtocolError, RpcError, Status};
 use super::header::{Kind, RpcHeader, RPC_HEADER_LEN};
 use crate::{
     BufferPool, Connection, HeaderBytes, Message, MessageReceiver, MessageSender, Metrics,
-    SendBuffer, TransportError,
+    SendBuffer, TransportError, TryRecv,
 };
 use bytes::Bytes;
+use futures_util::future::Either;
 use futures_util::lock::{Mutex as AsyncMutex, MutexGuard as AsyncMutexGuard};
 use slab::Slab;
 use std::collections::VecDeque;
@@ -288,11 +289,25 @@ impl<S> Drop for SlotWait<'_, S> {
 
 /// What a waiting call found when it looked at its entry.
 enum Step {
+    /// Another task read its reply and put it in its entry.
     Answered(Reply),
+    /// It found its own reply at the receiving half, in the same look: the entry is out and
+    /// the receiving half back, with the wakers of whoever waits for it next.
+    Mine(Reply, (Option<Waker>, Option<Waker>)),
     /// Its entry is gone: the client is going away without an answer.
     Gone,
-    /// It took the receiving half: it reads.
-    Read(Box<dyn DynReceiver>),
+    /// It took the receiving half: it reads, starting with what the look found there, if
+    /// anything.
+    Read(Box<dyn DynReceiver>, Option<Found>),
+}
+
+/// What the receiving half had at once ([`DynReceiver::try_now`]).
+enum Found {
+    /// A message, decoded: a reply's call id and outcome, or why it is no reply.
+    Decoded(Result<(u64, Reply), RpcError>),
+    /// The end of the connection, or its error (boxed: rare, and it would make every look's
+    /// result several times larger).
+    Other(Box<Result<Option<Message>, TransportError>>),
 }
 
 /// Messages waiting to be written, in call order.
@@ -326,6 +341,11 @@ trait DynReceiver: Send {
     /// Polls the read in progress (starting one if none is): cancel safe, the read stays
     /// here for whoever polls next.
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Message>, TransportError>>;
+
+    /// What a read would return at once (a message decoded as a reply), when no read is in
+    /// progress and the transport can tell without one ([`MessageReceiver::try_recv`]);
+    /// `None` otherwise.
+    fn try_now(&mut self) -> Option<Found>;
 }
 
 /// What one read of an [`Inbox`] gives: the message (or the end, or the error) and the
@@ -336,14 +356,24 @@ type Received<R> = (Result<Option<Message>, TransportError>, Box<R>);
 /// hands it back with what it read, and the next read takes the same allocation. So a read
 /// costs no allocation, and a read in progress lives here, not in the future of the call
 /// that polled it (a call dropped mid-read leaves it to the next reader).
+///
+/// Between reads the receiver is `idle`, and a read first asks it for what it has at once
+/// ([`MessageReceiver::try_recv`]): a reply that is already there (verbs: in the completion
+/// queue) is taken without starting a read future.
 struct Inbox<R: MessageReceiver> {
+    /// The receiver while no read runs; `read` then holds a finished read (kept for its
+    /// allocation) that is not polled again.
+    idle: Option<Box<R>>,
     read: ReusableBoxFuture<'static, Received<R>>,
 }
 
 impl<R: MessageReceiver> Inbox<R> {
     fn new(rx: R) -> Inbox<R> {
         Inbox {
-            read: ReusableBoxFuture::new(read_owned(Box::new(rx))),
+            idle: Some(Box::new(rx)),
+            // A placeholder, never polled: the first read takes its own allocation, and the
+            // reads after it reuse that one.
+            read: ReusableBoxFuture::new(std::future::pending()),
         }
     }
 }
@@ -356,10 +386,28 @@ async fn read_owned<R: MessageReceiver>(mut rx: Box<R>) -> Received<R> {
 
 impl<R: MessageReceiver> DynReceiver for Inbox<R> {
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Message>, TransportError>> {
+        if let Some(rx) = self.idle.as_mut() {
+            if let TryRecv::Ready(got) = rx.try_recv() {
+                return Poll::Ready(got);
+            }
+            // Nothing there yet (or the transport cannot tell): a read, in the same
+            // allocation as the last one.
+            let rx = self.idle.take().expect("checked above");
+            self.read.set(read_owned(rx));
+        }
         let (got, rx) = std::task::ready!(self.read.poll(cx));
-        // The next read, not started until polled, in the same allocation.
-        self.read.set(read_owned(rx));
+        self.idle = Some(rx);
         Poll::Ready(got)
+    }
+
+    fn try_now(&mut self) -> Option<Found> {
+        match self.idle.as_mut()?.try_recv() {
+            // Decoded here, where the receiver's type is known: the message is not moved
+            // through the trait object.
+            TryRecv::Ready(Ok(Some(msg))) => Some(Found::Decoded(decode_reply(msg))),
+            TryRecv::Ready(other) => Some(Found::Other(Box::new(other))),
+            TryRecv::Empty | TryRecv::Unknown => None,
+        }
     }
 }
 
@@ -402,18 +450,12 @@ impl<S> Shared<S> {
         self.outbox.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Enters a new call in the table, waiting for a slot while it holds
-    /// [`ClientConfig::max_in_flight`] calls; the connection's error once it has ended. With
-    /// the call's id comes whether other calls are in flight (for [`Shared::send`]).
-    async fn register(&self) -> Result<(u64, bool), RpcError> {
-        let first = {
-            let mut st = self.state();
-            self.enter(&mut st, false)
-        };
-        match first {
-            Some(entered) => entered,
-            None => self.register_when_free().await,
-        }
+    /// Enters a new call in the table if a slot is free ([`Shared::enter`]); `None` when the
+    /// call must wait for one ([`Shared::register_when_free`]). With the call's id comes
+    /// whether other calls are in flight (for [`Shared::send`]).
+    fn try_register(&self) -> Option<Result<(u64, bool), RpcError>> {
+        let mut st = self.state();
+        self.enter(&mut st, false)
     }
 
     /// A new call's entry if a slot is free for it, `None` if not; the connection's error
@@ -530,11 +572,15 @@ impl<S> Shared<S> {
     /// Reads one message: a reply, or the end of the connection (every pending call failed).
     /// Cancel safe: the receiver's `recv` is, and nothing after it awaits.
     async fn read_one(&self, rx: &mut dyn DynReceiver) -> Read {
-        let err = match std::future::poll_fn(|cx| rx.poll_recv(cx)).await {
-            Ok(Some(msg)) => match decode_reply(msg) {
-                Ok((id, reply)) => return Read::Reply(id, reply),
-                Err(e) => e,
-            },
+        let got = std::future::poll_fn(|cx| rx.poll_recv(cx)).await;
+        self.on_read(got)
+    }
+
+    /// What a read of the receiving half gave, as [`Shared::read_one`] returns it (the end or
+    /// an error fails every pending call).
+    fn on_read(&self, got: Result<Option<Message>, TransportError>) -> Read {
+        let err = match got {
+            Ok(Some(msg)) => return self.on_decoded(decode_reply(msg)),
             Ok(None) => RpcError::ConnectionClosed,
             Err(TransportError::MessageTooLarge { len, max, header }) => {
                 match RpcHeader::decode(header.as_slice()) {
@@ -549,6 +595,19 @@ impl<S> Shared<S> {
             }
             Err(e) => RpcError::from(e),
         };
+        self.ended(err)
+    }
+
+    /// [`Shared::on_read`] of a message, once decoded.
+    fn on_decoded(&self, decoded: Result<(u64, Reply), RpcError>) -> Read {
+        match decoded {
+            Ok((id, reply)) => Read::Reply(id, reply),
+            Err(e) => self.ended(e),
+        }
+    }
+
+    /// The connection is done for: every pending call fails with `err`.
+    fn ended(&self, err: RpcError) -> Read {
         tracing::debug!(error = %err, "rpc client connection ended");
         self.fail_all(err);
         Read::Ended
@@ -572,8 +631,18 @@ impl<S> Shared<S> {
                     let w = st.remove(id, &mut freed).expect("looked up above");
                     return Poll::Ready(Step::Answered(w.reply.expect("checked above")));
                 }
-                if let Some(inbox) = st.inbox.take() {
-                    return Poll::Ready(Step::Read(inbox));
+                if let Some(mut inbox) = st.inbox.take() {
+                    // The receiving half is free: what it has at once is read under this
+                    // lock, so a call that finds its own reply there (a lone call, a ping)
+                    // takes it, leaves its entry and puts the receiving half back in one look.
+                    return Poll::Ready(match inbox.try_now() {
+                        Some(Found::Decoded(Ok((rid, reply)))) if rid == id => {
+                            st.remove(id, &mut freed);
+                            st.inbox = Some(inbox);
+                            Step::Mine(reply, st.pass_inbox())
+                        }
+                        found => Step::Read(inbox, found),
+                    });
                 }
                 match &w.waker {
                     Some(waker) if waker.will_wake(cx.waker()) => {}
@@ -586,20 +655,36 @@ impl<S> Shared<S> {
                 Poll::Pending
             })
             .await;
-            let inbox = match step {
+            let (inbox, mut found) = match step {
                 Step::Answered(reply) => {
                     self.wake_freed(freed);
                     return Some(reply);
                 }
+                Step::Mine(reply, wake) => {
+                    self.metrics.in_flight.exit();
+                    wake_all(wake);
+                    self.wake_freed(freed);
+                    return Some(reply);
+                }
                 Step::Gone => return None,
-                Step::Read(inbox) => inbox,
+                Step::Read(inbox, found) => (inbox, found),
             };
             let mut reading = Reading {
                 shared: self,
                 inbox: Some(inbox),
             };
             loop {
-                match self.read_one(reading.rx()).await {
+                let read = match found.take() {
+                    Some(Found::Decoded(decoded)) => self.on_decoded(decoded),
+                    Some(Found::Other(got)) => self.on_read(*got),
+                    None => {
+                        // Polled here rather than through `read_one`: one future less on
+                        // every call.
+                        let got = std::future::poll_fn(|cx| reading.rx().poll_recv(cx)).await;
+                        self.on_read(got)
+                    }
+                };
+                match read {
                     Read::Reply(rid, reply) if rid == id => {
                         // One look at the state: the entry out, the receiving half back.
                         let (mine, wake) = {
@@ -704,30 +789,47 @@ impl<S: MessageSender> Shared<S> {
     ///
     /// `others`: whether other calls are in flight, when the caller knows (`None`: looked up).
     async fn send(self: &Arc<Self>, msg: Message, others: Option<bool>) -> Result<(), RpcError> {
-        let (ticket, writer) = match self.writer.try_lock() {
-            // Nobody is writing and no other call is in flight (a ping loop, a stream of
-            // oneway calls): write at once, without the queue (see `write_alone`).
+        let mut msg = Some(msg);
+        let started =
+            std::future::poll_fn(|cx| Poll::Ready(self.start_send(&mut msg, others, cx))).await?;
+        match started {
+            None => Ok(()),
+            Some((ticket, writer)) => self.write_through(ticket, writer).await,
+        }
+    }
+
+    /// [`Shared::send`]'s first step, within the caller's poll: writes `msg` (taken out of
+    /// the option) at once if nobody is writing and no other call is in flight (a ping loop,
+    /// a stream of oneway calls: see `write_alone`), else queues it. `None` once the
+    /// transport has taken it; else its ticket and the writer if this caller holds it, for
+    /// [`Shared::write_through`]. The callers on the hot path (a call, a oneway) take this
+    /// step themselves, so that a write that goes through at once costs no future of its own.
+    #[allow(clippy::type_complexity)]
+    fn start_send(
+        &self,
+        msg: &mut Option<Message>,
+        others: Option<bool>,
+        cx: &mut Context<'_>,
+    ) -> Result<Option<(u64, Option<AsyncMutexGuard<'_, Writer<S>>>)>, RpcError> {
+        match self.writer.try_lock() {
             Some(mut w)
                 if w.unfinished.is_none()
                     && !others.map_or_else(|| self.others_in_flight(), Ok)? =>
             {
-                let mut msg = Some(msg);
-                let alone =
-                    std::future::poll_fn(|cx| Poll::Ready(self.write_alone(&mut w, &mut msg, cx)))
-                        .await?;
-                match alone {
-                    None => return Ok(()),
-                    Some(ticket) => (ticket, Some(w)),
-                }
+                Ok(self
+                    .write_alone(&mut w, msg, cx)?
+                    .map(|ticket| (ticket, Some(w))))
             }
             w => {
+                let Some(m) = msg.take() else {
+                    return Err(RpcError::ClientClosed);
+                };
                 let mut outbox = self.outbox();
-                outbox.queue.push(msg);
+                outbox.queue.push(m);
                 outbox.queued += 1;
-                (outbox.queued, w)
+                Ok(Some((outbox.queued, w)))
             }
-        };
-        self.write_through(ticket, writer).await
+        }
     }
 
     /// Whether calls other than the caller's own are in flight; the connection's error once
@@ -1015,26 +1117,30 @@ impl<S: MessageSender> RpcClient<S> {
     }
 
     /// Calls `method` and waits for its response (with the default deadline, if configured).
-    pub async fn call(&self, method: u32, payload: Bytes) -> Result<Bytes, RpcError> {
+    ///
+    /// Dropping the returned future cancels the call: the server is sent a cancel.
+    pub fn call(
+        &self,
+        method: u32,
+        payload: Bytes,
+    ) -> impl Future<Output = Result<Bytes, RpcError>> + '_ {
         self.call_with(method, payload, CallOptions::default())
-            .await
     }
 
     /// Calls `method` with per-call options.
     ///
     /// Dropping the returned future cancels the call: the server is sent a cancel.
-    pub async fn call_with(
+    pub fn call_with(
         &self,
         method: u32,
         payload: Bytes,
         opts: CallOptions,
-    ) -> Result<Bytes, RpcError> {
+    ) -> impl Future<Output = Result<Bytes, RpcError>> + '_ {
+        // Not an `async fn`: a call without a deadline is the call itself, with no future
+        // around it (each layer costs every call its own turn of polling and moving).
         match opts.deadline.or(self.shared.config.default_deadline) {
-            None => self.call_inner(method, payload).await,
-            Some(d) => match tokio::time::timeout(d, self.call_inner(method, payload)).await {
-                Ok(r) => r,
-                Err(_) => Err(RpcError::DeadlineExceeded(d)),
-            },
+            None => Either::Left(self.call_inner(method, payload)),
+            Some(d) => Either::Right(within(d, self.call_inner(method, payload))),
         }
     }
 
@@ -1045,22 +1151,29 @@ impl<S: MessageSender> RpcClient<S> {
         }
         // The call's entry in the table is its slot (at most `max_in_flight`), until its
         // reply is taken or it goes away.
-        let (id, others) = self.shared.register().await?;
-        let mut guard = PendingCall {
+        // A free slot is taken at once; the wait for one is a future of its own.
+        let (id, others) = match self.shared.try_register() {
+            Some(entered) => entered?,
+            None => self.shared.register_when_free().await?,
+        };
+        let guard = PendingCall {
             shared: &self.shared,
             id,
             method,
-            armed: true,
         };
         let header = RpcHeader::new(Kind::Request, method, id, payload.len());
-        self.shared
-            .send(
-                Message::new(HeaderBytes::from(header.encode()), payload),
-                Some(others),
-            )
-            .await?;
+        let shared = &self.shared;
+        // `Shared::send`, its first step taken here (see `Shared::start_send`).
+        let mut msg = Some(Message::new(HeaderBytes::from(header.encode()), payload));
+        let started =
+            std::future::poll_fn(|cx| Poll::Ready(shared.start_send(&mut msg, Some(others), cx)))
+                .await?;
+        if let Some((ticket, writer)) = started {
+            shared.write_through(ticket, writer).await?;
+        }
         let reply = self.shared.wait_reply(id).await;
-        guard.armed = false;
+        // The call has ended: nothing to forget or cancel (and no drop to run).
+        std::mem::forget(guard);
         match reply {
             Some(r) => r,
             // The call was dropped from the table without an answer: the client is going away.
@@ -1074,12 +1187,15 @@ impl<S: MessageSender> RpcClient<S> {
         self.check_size(payload.len())?;
         // A connection that has ended fails the call in `send`.
         let header = RpcHeader::new(Kind::Oneway, method, 0, payload.len());
-        self.shared
-            .send(
-                Message::new(HeaderBytes::from(header.encode()), payload),
-                None,
-            )
-            .await
+        let shared = &self.shared;
+        // `Shared::send`, its first step taken here (see `Shared::start_send`).
+        let mut msg = Some(Message::new(HeaderBytes::from(header.encode()), payload));
+        let started =
+            std::future::poll_fn(|cx| Poll::Ready(shared.start_send(&mut msg, None, cx))).await?;
+        match started {
+            None => Ok(()),
+            Some((ticket, writer)) => shared.write_through(ticket, writer).await,
+        }
     }
 
     /// A payload buffer from the connection's pool (registered memory on verbs: no copy).
@@ -1157,18 +1273,29 @@ impl<S: MessageSender> RpcClient<S> {
     }
 }
 
+/// `call` bounded by deadline `d`.
+async fn within(
+    d: Duration,
+    call: impl Future<Output = Result<Bytes, RpcError>>,
+) -> Result<Bytes, RpcError> {
+    match tokio::time::timeout(d, call).await {
+        Ok(r) => r,
+        Err(_) => Err(RpcError::DeadlineExceeded(d)),
+    }
+}
+
 /// A call waiting for its response. If the call future is dropped (deadline or cancellation)
-/// while armed, the call is forgotten and the server is sent a cancel.
+/// before the call ends, the call is forgotten and the server is sent a cancel. A call that
+/// ends `mem::forget`s it (it holds a reference and numbers only: nothing leaks).
 struct PendingCall<'a, S: MessageSender> {
     shared: &'a Arc<Shared<S>>,
     id: u64,
     method: u32,
-    armed: bool,
 }
 
 impl<S: MessageSender> Drop for PendingCall<'_, S> {
     fn drop(&mut self) {
-        if !self.armed || !self.shared.forget(self.id) {
+        if !self.shared.forget(self.id) {
             return;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -1695,6 +1822,114 @@ mod tests {
     }
 
     /// The header of the next message the server end receives (`what`, within 10 s).
+    /// A client on a [`Looking`](crate::rpc::test_util::Looking) end (its receiver answers
+    /// `try_recv`), the counts of what those looks found, and the server's end.
+    fn looking_client() -> (
+        RpcClient<crate::stream::StreamSender<tokio::io::WriteHalf<tokio::io::DuplexStream>>>,
+        Arc<crate::rpc::test_util::LookCounts>,
+        Duplex,
+    ) {
+        let (client_end, server_end) = Duplex::pair(1 << 20);
+        let looking = crate::rpc::test_util::Looking::new(client_end);
+        let found = looking.found.clone();
+        (
+            RpcClient::new(looking, ClientConfig::default()),
+            found,
+            server_end,
+        )
+    }
+
+    fn response(id: u64, body: &'static [u8]) -> Message {
+        let h = RpcHeader::new(Kind::Response, 1, id, body.len());
+        Message::new(HeaderBytes::from(h.encode()), Bytes::from_static(body))
+    }
+
+    /// The ids a fresh client gives its first call, and its second once the first has ended.
+    fn first_two_ids() -> (u64, u64) {
+        let mut p = Pending::default();
+        let first = p.insert();
+        p.remove(first);
+        (first, p.insert())
+    }
+
+    fn looked(found: &crate::rpc::test_util::LookCounts) -> (usize, usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (found.ready.load(Relaxed), found.empty.load(Relaxed))
+    }
+
+    #[tokio::test]
+    async fn a_reply_there_when_the_call_looks_is_taken_in_that_look() {
+        let (client, found, server_end) = looking_client();
+        let (mut tx, mut rx) = server_end.split();
+        let (first, second) = first_two_ids();
+        // Written before the calls: each finds its reply at its first look.
+        tx.send(response(first, b"at once")).await.expect("reply");
+        let reply = tokio::time::timeout(Duration::from_secs(10), client.call(1, Bytes::new()))
+            .await
+            .expect("the call ends")
+            .expect("call");
+        assert_eq!(reply, &b"at once"[..]);
+        assert_eq!(looked(&found), (1, 0), "taken by the call's first look");
+        assert_eq!(next_header(&mut rx, "the request").await.request_id, first);
+        assert_eq!(client.in_flight(), 0);
+        // The receiving half is back: the next call looks again.
+        tx.send(response(second, b"again")).await.expect("reply");
+        let reply = tokio::time::timeout(Duration::from_secs(10), client.call(1, Bytes::new()))
+            .await
+            .expect("the call ends")
+            .expect("call");
+        assert_eq!(reply, &b"again"[..]);
+        assert_eq!(looked(&found), (2, 0));
+        assert_eq!(
+            client.metrics().snapshot().handoffs,
+            0,
+            "no reply handed over"
+        );
+        assert_eq!(client.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_late_reply_found_at_once_is_dropped_and_the_call_reads_on() {
+        let (client, found, server_end) = looking_client();
+        let (mut tx, _rx) = server_end.split();
+        let (first, _) = first_two_ids();
+        // A reply to no call (one that went away), then the call's own.
+        tx.send(response(7 << 32 | 5, b"late"))
+            .await
+            .expect("reply");
+        tx.send(response(first, b"mine")).await.expect("reply");
+        let reply = tokio::time::timeout(Duration::from_secs(10), client.call(1, Bytes::new()))
+            .await
+            .expect("the call ends")
+            .expect("call");
+        assert_eq!(reply, &b"mine"[..]);
+        assert_eq!(looked(&found), (2, 0), "both found at once");
+        assert_eq!(
+            client.metrics().snapshot().handoffs,
+            0,
+            "the late one is dropped"
+        );
+        assert_eq!(client.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_end_found_at_once_fails_the_call_and_the_calls_after_it() {
+        let (client, found, server_end) = looking_client();
+        let (mut tx, _rx) = server_end.split();
+        tx.close().await.expect("close");
+        for _ in 0..2 {
+            let r = tokio::time::timeout(Duration::from_secs(10), client.call(1, Bytes::new()))
+                .await
+                .expect("the call ends");
+            assert!(matches!(r, Err(RpcError::ConnectionClosed)), "{r:?}");
+        }
+        assert_eq!(
+            looked(&found).0,
+            1,
+            "the end was found at the first call's look"
+        );
+    }
+
     async fn next_header<R: MessageReceiver>(rx: &mut R, what: &str) -> RpcHeader {
         let m = tokio::time::timeout(Duration::from_secs(10), rx.recv())
             .await
