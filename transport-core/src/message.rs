@@ -44,6 +44,14 @@ impl HeaderBytes {
         &self.buf[..self.len as usize]
     }
 
+    /// The header's bytes followed by zeros up to [`MAX_HEADER_LEN`]. A backend that has room
+    /// for the whole array copies it with a few fixed-size moves, where a copy of
+    /// [`HeaderBytes::len`] bytes is a call to `memcpy`.
+    #[inline]
+    pub fn padded(&self) -> &[u8; MAX_HEADER_LEN] {
+        &self.buf
+    }
+
     /// Length in bytes.
     #[inline]
     pub fn len(&self) -> usize {
@@ -291,6 +299,15 @@ unsafe impl BufMut for SendBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_header_is_padded_with_zeros() {
+        let h = HeaderBytes::new(b"abc").unwrap();
+        assert_eq!(&h.padded()[..3], b"abc");
+        assert!(h.padded()[3..].iter().all(|&b| b == 0));
+        let full = HeaderBytes::from([7u8; MAX_HEADER_LEN]);
+        assert_eq!(full.padded(), &[7u8; MAX_HEADER_LEN]);
+    }
 
     struct Region(Vec<u8>);
     impl BackendRegion for Region {

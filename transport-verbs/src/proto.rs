@@ -115,7 +115,13 @@ impl Th {
         out[16..24].copy_from_slice(&self.addr.to_le_bytes());
         out[24..28].copy_from_slice(&self.rkey.to_le_bytes());
         out[28..32].copy_from_slice(&self.aux.to_le_bytes());
-        out[TH_LEN..TH_LEN + header.len()].copy_from_slice(header.as_slice());
+        if out.len() >= TH_LEN + MAX_HEADER_LEN {
+            // The whole padded array, in a few fixed-size moves (what follows the header is
+            // overwritten by the payload or not sent).
+            out[TH_LEN..TH_LEN + MAX_HEADER_LEN].copy_from_slice(header.padded());
+        } else {
+            out[TH_LEN..TH_LEN + header.len()].copy_from_slice(header.as_slice());
+        }
         TH_LEN + header.len()
     }
 
@@ -128,7 +134,10 @@ impl Th {
         out: &mut [u8],
     ) -> usize {
         let n = self.encode(header, out);
-        out[n..n + payload.len()].copy_from_slice(payload);
+        // An empty payload (a ping, a call without arguments) costs no call to `memcpy`.
+        if !payload.is_empty() {
+            out[n..n + payload.len()].copy_from_slice(payload);
+        }
         n + payload.len()
     }
 
@@ -215,6 +224,29 @@ mod tests {
         assert_eq!(d, th);
         assert_eq!(dh.as_slice(), b"rpc-header");
         assert_eq!(off, n);
+    }
+
+    /// The header's copy is exact whether the buffer holds the whole padded array (a fixed
+    /// copy) or only the header (a copy of its length), and the payload follows it.
+    #[test]
+    fn messages_encode_the_same_into_roomy_and_tight_buffers() {
+        let mut th = Th::new(Kind::Eager);
+        th.len = 3;
+        let h = HeaderBytes::new(b"hdr").unwrap();
+        let mut roomy = [0xaau8; 128];
+        let mut tight = [0xaau8; TH_LEN + 6];
+        let n = th.encode_message(&h, b"abc", &mut roomy);
+        assert_eq!(th.encode_message(&h, b"abc", &mut tight), n);
+        assert_eq!(n, TH_LEN + 6);
+        assert_eq!(roomy[..n], tight[..]);
+        let (_, dh, off) = Th::decode(&roomy[..n]).unwrap();
+        assert_eq!((dh.as_slice(), &roomy[off..n]), (&b"hdr"[..], &b"abc"[..]));
+        // No payload: nothing written after the header.
+        th.len = 0;
+        let mut buf = [0xaau8; 128];
+        let n = th.encode_message(&h, b"", &mut buf);
+        assert_eq!(n, TH_LEN + 3);
+        assert_eq!(Th::decode(&buf[..n]).unwrap().1.as_slice(), b"hdr");
     }
 
     #[test]
