@@ -39,7 +39,10 @@ impl LevelGauge {
     #[inline]
     pub fn enter(&self) {
         let now = self.current.fetch_add(1, Ordering::Relaxed) + 1;
-        self.max.fetch_max(now, Ordering::Relaxed);
+        // Read first: a level under the maximum (almost every time) costs no locked update.
+        if now > self.max.load(Ordering::Relaxed) {
+            self.max.fetch_max(now, Ordering::Relaxed);
+        }
         self.samples.fetch_add(1, Ordering::Relaxed);
         self.sum.fetch_add(now, Ordering::Relaxed);
     }
