@@ -9,6 +9,9 @@
 //!
 //! Instructions do not depend on the emulator or on the machine's load: what runs in the guest
 //! is what would run beside a NIC (the kernel's share, rxe's work included, is not counted).
+//! Waiting does, though: a receiver that finds nothing polls again, and those polls count.
+//! `--repeat R` runs each count R times and keeps the least at each N (waiting only adds), so
+//! the figure is the work a message needs, not how long the peer took.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -72,6 +75,8 @@ struct Opts {
     ops: Vec<String>,
     /// Round trips N for ping (the 64 KiB cases run N / 10, at least 10).
     count: u64,
+    /// Runs of each count; the least is kept.
+    repeat: u64,
     /// Bring the callgrind files of the 3N runs back into target/profile/ (for
     /// callgrind_annotate).
     keep: bool,
@@ -83,6 +88,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         sides: vec!["client".into(), "server".into()],
         ops: vec!["ping".into(), "oneway".into(), "send".into()],
         count: 2000,
+        repeat: 1,
         keep: false,
     };
     let list = |v: &str, allowed: &[&str], name: &str| -> Result<Vec<String>, String> {
@@ -118,6 +124,18 @@ fn parse(args: &[String]) -> Result<Opts, String> {
                         }
                     })?
             }
+            "--repeat" => {
+                o.repeat = value()?
+                    .parse()
+                    .map_err(|e| format!("--repeat: {e}"))
+                    .and_then(|n: u64| {
+                        if n == 0 {
+                            Err("--repeat: 0".into())
+                        } else {
+                            Ok(n)
+                        }
+                    })?
+            }
             "--smoke" => o.count = 50,
             "--keep" => o.keep = true,
             other => return Err(format!("unexpected argument `{other}`\n{}", help())),
@@ -128,9 +146,10 @@ fn parse(args: &[String]) -> Result<Opts, String> {
 
 fn help() -> &'static str {
     "cargo xtask profile [--transports uds,tcp,verbs] [--sides client,server] \
-     [--ops ping,oneway,send] [--count N | --smoke] [--keep]\n  \
+     [--ops ping,oneway,send] [--count N | --smoke] [--repeat R] [--keep]\n  \
      instructions per message (callgrind, N and 3N messages; the 64 KiB cases N/10); \
-     --smoke: N = 50; --keep: the 3N runs' callgrind files into target/profile/"
+     --smoke: N = 50; --repeat: each count R times, the least kept (waiting polls only add); \
+     --keep: the last 3N runs' callgrind files into target/profile/"
 }
 
 /// `cargo xtask profile ARGS`.
@@ -254,7 +273,10 @@ count() {{ $1 $B count $2 --count $3 >$W/count.log 2>&1 || {{ echo "profile: ben
                 c.size.max(1)
             );
             let what = format!("{} {side} {} {} {}", e.transport, c.path, c.op, c.size);
-            for k in [n, 3 * n] {
+            for k in [n, 3 * n]
+                .into_iter()
+                .flat_map(|k| (0..o.repeat).map(move |_| k))
+            {
                 let one = if side == "client" {
                     format!("count \"{vg}\" \"{args}\" {k}")
                 } else {
@@ -363,7 +385,7 @@ fn verbs(bench: &Path, o: &Opts) -> Result<String, String> {
     };
     let text = format!("ulimit -l unlimited\n{}", script(&env, o));
     // About 15 s a run under emulation, start-up included; generous for the default counts.
-    let runs = selected(o).len() as u32 * 2 * o.sides.len() as u32;
+    let runs = selected(o).len() as u32 * 2 * o.sides.len() as u32 * o.repeat as u32;
     testbed::script_in_guest(&files, "profile:verbs", 120 + runs * 60, &text)
 }
 
@@ -458,22 +480,30 @@ fn missing(c: &Counts, o: &Opts) -> Vec<String> {
     out
 }
 
-/// Instructions per message from the runs of N and 3N messages.
+/// Instructions per message from the runs of N and 3N messages: the least run of each (a
+/// run's waiting polls only add to it).
 fn per_message(runs: &[(u64, u64)]) -> Option<f64> {
-    let lo = runs.iter().min_by_key(|r| r.0)?;
-    let hi = runs.iter().max_by_key(|r| r.0)?;
-    (hi.0 > lo.0).then(|| (hi.1 as f64 - lo.1 as f64) / (hi.0 - lo.0) as f64)
+    let n_lo = runs.iter().map(|r| r.0).min()?;
+    let n_hi = runs.iter().map(|r| r.0).max()?;
+    let least = |n: u64| runs.iter().filter(|r| r.0 == n).map(|r| r.1).min();
+    let (lo, hi) = (least(n_lo)?, least(n_hi)?);
+    (n_hi > n_lo).then(|| (hi as f64 - lo as f64) / (n_hi - n_lo) as f64)
 }
 
 fn render(c: &Counts, o: &Opts) -> String {
     let mut out = format!(
         "user-space instructions per message (callgrind; whole process, runs of N and 3N \
-         messages, difference / 2N; ping N = {}, 64 KiB N = {}; os = the OS's blocking sockets, \
-         on verbs the link's busy-polled ping-pong and READ stream)\n\n\
+         messages, difference / 2N; ping N = {}, 64 KiB N = {}; {}; os = the OS's blocking \
+         sockets, on verbs the link's busy-polled ping-pong and READ stream)\n\n\
          | transport | op | size | path | client | server | client / os | server / os |\n\
          |---|---|---|---|---|---|---|---|\n",
         o.count,
-        (o.count / 10).max(10)
+        (o.count / 10).max(10),
+        if o.repeat > 1 {
+            format!("the least of {} runs of each", o.repeat)
+        } else {
+            "one run of each".to_owned()
+        }
     );
     let get = |t: &str, side: &str, path: &str, op: &str, size: usize| {
         c.get(&(t.into(), side.into(), path.into(), op.into(), size))
@@ -563,6 +593,7 @@ mod tests {
             sides: vec!["client".into()],
             ops: vec!["ping".into()],
             count: 200,
+            repeat: 1,
             keep: false,
         };
         assert_eq!(
@@ -572,5 +603,39 @@ mod tests {
         );
         assert!(parse_lines("PROFILE verbs client rpc ping 0 200").is_err());
         assert!(parse_lines("nothing").is_err());
+    }
+
+    /// With repeated runs, the least of each count is kept: a run that polled while it waited
+    /// counts more, and does not move the figure.
+    #[test]
+    fn repeated_runs_keep_the_least_of_each_count() {
+        let runs = [
+            (200, 1_000_500),
+            (200, 1_000_000),
+            (600, 1_900_000),
+            (600, 1_800_000),
+        ];
+        assert_eq!(per_message(&runs), Some(2000.0));
+        assert_eq!(per_message(&runs[..2]), None, "one count only");
+        assert_eq!(parse(&args("--repeat 3")).unwrap().repeat, 3);
+        assert!(parse(&args("--repeat 0")).is_err());
+        let o = parse(&args(
+            "--transports uds --sides client --ops ping --repeat 2",
+        ))
+        .unwrap();
+        let env = Env {
+            transport: "uds",
+            bench: "b".into(),
+            valgrind: "vg".into(),
+            work: "/w".into(),
+            server: "s".into(),
+            ready: "r",
+            target: Box::new(|p| p.to_owned()),
+            prefix: "",
+        };
+        let script = script(&env, &o);
+        // Three paths (os, raw, rpc), each count twice.
+        assert_eq!(script.matches("\" 2000; echo").count(), 6);
+        assert_eq!(script.matches("\" 6000; echo").count(), 6);
     }
 }
