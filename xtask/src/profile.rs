@@ -112,36 +112,23 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--transports" => o.transports = list(&value()?, &["uds", "tcp", "verbs"], a)?,
             "--sides" => o.sides = list(&value()?, &["client", "server"], a)?,
             "--ops" => o.ops = list(&value()?, &["ping", "oneway", "send"], a)?,
-            "--count" => {
-                o.count = value()?
-                    .parse()
-                    .map_err(|e| format!("--count: {e}"))
-                    .and_then(|n: u64| {
-                        if n == 0 {
-                            Err("--count: 0".into())
-                        } else {
-                            Ok(n)
-                        }
-                    })?
-            }
-            "--repeat" => {
-                o.repeat = value()?
-                    .parse()
-                    .map_err(|e| format!("--repeat: {e}"))
-                    .and_then(|n: u64| {
-                        if n == 0 {
-                            Err("--repeat: 0".into())
-                        } else {
-                            Ok(n)
-                        }
-                    })?
-            }
+            "--count" => o.count = positive(a, &value()?)?,
+            "--repeat" => o.repeat = positive(a, &value()?)?,
             "--smoke" => o.count = 50,
             "--keep" => o.keep = true,
             other => return Err(format!("unexpected argument `{other}`\n{}", help())),
         }
     }
     Ok(o)
+}
+
+/// Option `name`'s value as a count of at least 1.
+fn positive(name: &str, v: &str) -> Result<u64, String> {
+    match v.parse::<u64>() {
+        Ok(0) => Err(format!("{name}: 0")),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{name}: {e}")),
+    }
 }
 
 fn help() -> &'static str {

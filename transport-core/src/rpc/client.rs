@@ -1852,6 +1852,13 @@ mod tests {
         (first, p.insert())
     }
 
+    /// One call of method 1 with no payload, bounded by 10 s.
+    async fn call_once<S: MessageSender>(client: &RpcClient<S>) -> Result<Bytes, RpcError> {
+        tokio::time::timeout(Duration::from_secs(10), client.call(1, Bytes::new()))
+            .await
+            .expect("the call ends")
+    }
+
     fn looked(found: &crate::rpc::test_util::LookCounts) -> (usize, usize) {
         use std::sync::atomic::Ordering::Relaxed;
         (found.ready.load(Relaxed), found.empty.load(Relaxed))
@@ -1864,20 +1871,14 @@ mod tests {
         let (first, second) = first_two_ids();
         // Written before the calls: each finds its reply at its first look.
         tx.send(response(first, b"at once")).await.expect("reply");
-        let reply = tokio::time::timeout(Duration::from_secs(10), client.call(1, Bytes::new()))
-            .await
-            .expect("the call ends")
-            .expect("call");
+        let reply = call_once(&client).await.expect("call");
         assert_eq!(reply, &b"at once"[..]);
         assert_eq!(looked(&found), (1, 0), "taken by the call's first look");
         assert_eq!(next_header(&mut rx, "the request").await.request_id, first);
         assert_eq!(client.in_flight(), 0);
         // The receiving half is back: the next call looks again.
         tx.send(response(second, b"again")).await.expect("reply");
-        let reply = tokio::time::timeout(Duration::from_secs(10), client.call(1, Bytes::new()))
-            .await
-            .expect("the call ends")
-            .expect("call");
+        let reply = call_once(&client).await.expect("call");
         assert_eq!(reply, &b"again"[..]);
         assert_eq!(looked(&found), (2, 0));
         assert_eq!(
@@ -1898,10 +1899,7 @@ mod tests {
             .await
             .expect("reply");
         tx.send(response(first, b"mine")).await.expect("reply");
-        let reply = tokio::time::timeout(Duration::from_secs(10), client.call(1, Bytes::new()))
-            .await
-            .expect("the call ends")
-            .expect("call");
+        let reply = call_once(&client).await.expect("call");
         assert_eq!(reply, &b"mine"[..]);
         assert_eq!(looked(&found), (2, 0), "both found at once");
         assert_eq!(
@@ -1918,9 +1916,7 @@ mod tests {
         let (mut tx, _rx) = server_end.split();
         tx.close().await.expect("close");
         for _ in 0..2 {
-            let r = tokio::time::timeout(Duration::from_secs(10), client.call(1, Bytes::new()))
-                .await
-                .expect("the call ends");
+            let r = call_once(&client).await;
             assert!(matches!(r, Err(RpcError::ConnectionClosed)), "{r:?}");
         }
         assert_eq!(
