@@ -1185,17 +1185,10 @@ impl<S: MessageSender> RpcClient<S> {
     /// has taken the message.
     pub async fn oneway(&self, method: u32, payload: Bytes) -> Result<(), RpcError> {
         self.check_size(payload.len())?;
-        // A connection that has ended fails the call in `send`.
+        // A connection that has ended fails the call in `Shared::start_send`.
         let header = RpcHeader::new(Kind::Oneway, method, 0, payload.len());
-        let shared = &self.shared;
-        // `Shared::send`, its first step taken here (see `Shared::start_send`).
-        let mut msg = Some(Message::new(HeaderBytes::from(header.encode()), payload));
-        let started =
-            std::future::poll_fn(|cx| Poll::Ready(shared.start_send(&mut msg, None, cx))).await?;
-        match started {
-            None => Ok(()),
-            Some((ticket, writer)) => shared.write_through(ticket, writer).await,
-        }
+        let msg = Message::new(HeaderBytes::from(header.encode()), payload);
+        self.shared.send(msg, None).await
     }
 
     /// A payload buffer from the connection's pool (registered memory on verbs: no copy).
@@ -1859,6 +1852,12 @@ mod tests {
             .expect("the call ends")
     }
 
+    /// No reply was handed from one task to another, and no call is left in flight.
+    fn assert_settled<S: MessageSender>(client: &RpcClient<S>, why: &str) {
+        assert_eq!(client.metrics().snapshot().handoffs, 0, "{why}");
+        assert_eq!(client.in_flight(), 0, "{why}");
+    }
+
     fn looked(found: &crate::rpc::test_util::LookCounts) -> (usize, usize) {
         use std::sync::atomic::Ordering::Relaxed;
         (found.ready.load(Relaxed), found.empty.load(Relaxed))
@@ -1881,12 +1880,7 @@ mod tests {
         let reply = call_once(&client).await.expect("call");
         assert_eq!(reply, &b"again"[..]);
         assert_eq!(looked(&found), (2, 0));
-        assert_eq!(
-            client.metrics().snapshot().handoffs,
-            0,
-            "no reply handed over"
-        );
-        assert_eq!(client.in_flight(), 0);
+        assert_settled(&client, "no reply handed over");
     }
 
     #[tokio::test]
@@ -1902,12 +1896,7 @@ mod tests {
         let reply = call_once(&client).await.expect("call");
         assert_eq!(reply, &b"mine"[..]);
         assert_eq!(looked(&found), (2, 0), "both found at once");
-        assert_eq!(
-            client.metrics().snapshot().handoffs,
-            0,
-            "the late one is dropped"
-        );
-        assert_eq!(client.in_flight(), 0);
+        assert_settled(&client, "the late one is dropped");
     }
 
     #[tokio::test]
