@@ -280,7 +280,7 @@ impl VerbsConfig {
 impl VerbsConfig {
     /// The engine's settings for this configuration (with the device's paths applied: see
     /// `Paths::apply`), on the side that made the connection (`speaks_first`) or accepted it.
-    pub(crate) fn engine_config(&self, speaks_first: bool) -> engine::EngineConfig {
+    pub(crate) fn engine_config(&self, speaks_first: bool, iwarp: bool) -> engine::EngineConfig {
         engine::EngineConfig {
             speaks_first,
             recv_depth: self.recv_depth as u32,
@@ -298,6 +298,7 @@ impl VerbsConfig {
             rendezvous_timeout: self.rendezvous_timeout,
             linger: self.linger,
             read_depth: self.read_depth.clamp(1, 255) as u32,
+            probe_hello: iwarp && speaks_first,
         }
     }
 

@@ -228,7 +228,7 @@ pub(crate) fn start(est: Established) -> Result<VerbsConnection, TransportError>
     let cfg = res.cfg.clone();
     let caps = cfg.capabilities();
     let engine = Engine::new(
-        cfg.engine_config(res.speaks_first),
+        cfg.engine_config(res.speaks_first, res.ep.on_iwarp()),
         res.metrics.clone(),
         Instant::now(),
     );
@@ -1033,6 +1033,10 @@ impl Core {
                 ep.stage_send(SqLocal::Ctrl { len: n });
             }
             Work::Unexpose { id } => self.ep().stage_unexpose(id),
+            Work::Probe => {
+                tracing::debug!("the peer's HELLO is late: probing with a zero-length READ");
+                self.ep().stage_probe();
+            }
             Work::Read(c) => {
                 let target = match c.alloc {
                     Some(total) => {

@@ -50,6 +50,12 @@
 //!   yet acknowledged by FIN; the next one waits (a `rendezvous_stall`), and no FIN for
 //!   `rendezvous_timeout` fails the connection.
 //! - A peer that never sends HELLO fails the connection after `handshake_timeout`.
+//! - On iWARP the side that spoke first probes a peer whose HELLO is late with a zero-length
+//!   RDMA READ ([`Work::Probe`]), after [`HELLO_PROBE_FIRST`] and then at doubling gaps: soft-iWARP
+//!   (siw) can leave the first message in the accepting side's socket unread when it arrives
+//!   before siw has handed the socket to the queue pair, and only a later message of the same
+//!   connection makes siw read it (docs/notes/2026-12-07-siw-first-message-stuck.md). A READ
+//!   takes none of the peer's receive buffers, so it costs no credit.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ops::Range;
@@ -77,6 +83,10 @@ pub(crate) const MAX_RNDV_COUNT: u32 = 4096;
 pub(crate) const MAX_READ_DEPTH: u32 = 255;
 /// Most work requests one [`Work`] item posts (an RTS: window bind + SEND).
 pub(crate) const MAX_WRS_PER_WORK: usize = 2;
+/// How long the side that spoke first waits for the peer's HELLO before it probes
+/// ([`Work::Probe`]; iWARP only); the gap doubles after each probe.
+pub(crate) const HELLO_PROBE_FIRST: Duration = Duration::from_millis(100);
+
 /// Withheld credits lent to a peer for the FINs this side waits for, between two of its FINs
 /// (`Engine::lend_for_fins`): a FIN and the CREDIT kept with it, and one for the grant back.
 const LEND_MAX: u32 = 3;
@@ -120,6 +130,9 @@ pub(crate) struct EngineConfig {
     /// RDMA READs this side's queue pair serves at once as their target (its responder
     /// resources), announced in HELLO: the peer keeps no more in flight towards it.
     pub(crate) read_depth: u32,
+    /// Probe a late HELLO of the peer ([`Work::Probe`]): set on iWARP for the side that
+    /// speaks first.
+    pub(crate) probe_hello: bool,
 }
 
 impl EngineConfig {
@@ -178,6 +191,10 @@ pub(crate) enum Work<P> {
     Unexpose { id: u32 },
     /// RDMA READ.
     Read(ReadChunk),
+    /// A zero-length RDMA READ, signaled, before the peer's HELLO (iWARP): it moves nothing
+    /// and takes no receive buffer, but it is a message on the connection, which makes siw
+    /// read what it left in the peer's socket (the module docs).
+    Probe,
 }
 
 /// Something for the application, in the order the peer sent it.
@@ -329,6 +346,10 @@ pub(crate) struct Engine<P> {
     hello_sent: bool,
     peer: Option<Peer>,
     hello_deadline: Instant,
+    /// When to probe a late HELLO next ([`Work::Probe`]), and the gap after that one.
+    probe_at: Option<Instant>,
+    probe_gap: Duration,
+    probe_due: bool,
 
     // Credits.
     /// Credits we hold: sends we may make into the peer's buffers.
@@ -396,6 +417,9 @@ impl<P> Engine<P> {
         let owed = cfg.recv_depth.saturating_sub(1);
         Engine {
             hello_deadline: now + cfg.handshake_timeout,
+            probe_at: (cfg.probe_hello && cfg.speaks_first).then(|| now + HELLO_PROBE_FIRST),
+            probe_gap: HELLO_PROBE_FIRST,
+            probe_due: false,
             cfg,
             metrics,
             failed: false,
@@ -631,6 +655,8 @@ impl<P> Engine<P> {
         self.metrics.bytes_received.add(off as u64);
         if th.kind == Kind::Hello {
             self.peer = Some(peer);
+            self.probe_at = None;
+            self.probe_due = false;
         }
         let mut keep = Some(buf);
         match th.kind {
@@ -775,6 +801,7 @@ impl<P> Engine<P> {
     /// credits): after a fast receive or send, the glue steps only then.
     pub(crate) fn has_work(&self) -> bool {
         !self.hello_sent
+            || self.probe_due
             || !self.outq.is_empty()
             || !self.fins.is_empty()
             || !self.unexpose.is_empty()
@@ -891,6 +918,11 @@ impl<P> Engine<P> {
                 after: self.cfg.handshake_timeout,
             });
         }
+        if let Some(at) = self.probe_at.filter(|&at| self.peer.is_none() && now >= at) {
+            self.probe_due = true;
+            self.probe_gap *= 2;
+            self.probe_at = Some(at.max(now) + self.probe_gap);
+        }
         if self.rndv_deadline.passed(now) {
             self.failed = true;
             return Err(VerbsError::Timeout {
@@ -931,6 +963,10 @@ impl<P> Engine<P> {
             );
             self.hello_sent = true;
             return Some(self.control(th));
+        }
+        if self.probe_due {
+            self.probe_due = false;
+            return Some(Work::Probe);
         }
         let peer = self.peer?;
         if let Some(&id) = self.fins.front() {
@@ -1158,10 +1194,16 @@ impl<P> Engine<P> {
             return None;
         }
         let hello = self.peer.is_none().then_some(self.hello_deadline);
-        [hello, self.rndv_deadline.at(), self.linger_deadline.at()]
-            .into_iter()
-            .flatten()
-            .min()
+        let probe = self.probe_at.filter(|_| self.peer.is_none());
+        [
+            hello,
+            probe,
+            self.rndv_deadline.at(),
+            self.linger_deadline.at(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     // ---- State ---------------------------------------------------------------------------

@@ -452,6 +452,8 @@ enum SqEntry<B> {
         tag: u64,
         len: usize,
     },
+    /// A zero-length RDMA READ ([`Endpoint::stage_probe`]): nothing to keep alive.
+    Probe,
     /// A window bind; the exposure itself lives in `Endpoint::exposed`.
     Bind,
     /// A window invalidation: the window and its payload are released when it completes.
@@ -462,7 +464,7 @@ impl<B> SqEntry<B> {
     fn kind(&self) -> WorkRequestKind {
         match self {
             SqEntry::Send { .. } => WorkRequestKind::Send,
-            SqEntry::Read { .. } => WorkRequestKind::RdmaRead,
+            SqEntry::Read { .. } | SqEntry::Probe => WorkRequestKind::RdmaRead,
             SqEntry::Bind => WorkRequestKind::BindWindow,
             SqEntry::Invalidate { .. } => WorkRequestKind::InvalidateWindow,
         }
@@ -1036,6 +1038,27 @@ impl<B: LocalMemory> Endpoint<B> {
         Ok(())
     }
 
+    /// Stages a zero-length RDMA READ, signaled: it reads nothing, and the peer answers it
+    /// without touching its memory (rkey 0; IBA C9-88 and iWARP's RTR READ need no key for
+    /// zero bytes). Sent on iWARP to make soft-iWARP read what it left in the peer's socket
+    /// (`Work::Probe`). Its sink is a control slot's address with no length. Needs
+    /// `sq_room() > 0`.
+    pub(crate) fn stage_probe(&mut self) {
+        let sge_start = self.sges.len();
+        self.sges.push(sys::ibv_sge {
+            addr: self.ctrl.addr() as u64,
+            length: 0,
+            lkey: self.ctrl.lkey(),
+        });
+        let op = StagedOp::Sge {
+            opcode: sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
+            sge_start,
+            num_sge: 1,
+            remote: Some((0, 0)),
+        };
+        self.push_sq(sys::ibv_send_flags::IBV_SEND_SIGNALED.0, op, SqEntry::Probe);
+    }
+
     /// Whether this queue pair follows iWARP's rules (its READ sinks allow remote write).
     pub(crate) fn on_iwarp(&self) -> bool {
         self.sink_remote_write
@@ -1560,7 +1583,7 @@ impl<B: LocalMemory> Endpoint<B> {
             }
             let (seq, entry) = self.sq.pop_front().expect("front exists");
             let this = seq == wr_id;
-            if !this && matches!(entry, SqEntry::Read { .. }) {
+            if !this && matches!(entry, SqEntry::Read { .. } | SqEntry::Probe) {
                 reads_pending.push((seq, entry));
                 continue;
             }
@@ -1596,7 +1619,7 @@ impl<B: LocalMemory> Endpoint<B> {
                         sent = Some(kind);
                     }
                 }
-                SqEntry::Send { .. } | SqEntry::Bind => {
+                SqEntry::Send { .. } | SqEntry::Bind | SqEntry::Probe => {
                     if this {
                         sent = Some(kind);
                     }

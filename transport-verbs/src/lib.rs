@@ -64,7 +64,10 @@
 //!   sets the QP's `max_rd_atomic` and `max_dest_rd_atomic`, where rdma_cm's default is 1),
 //!   and grants the other `recv_depth - 1` credits. A side keeps no more READs in flight than
 //!   the peer serves. Nothing else may come first; a peer that sends no HELLO within
-//!   `handshake_timeout` fails the connection.
+//!   `handshake_timeout` fails the connection. The connecting side speaks first (iWARP's
+//!   rule); on iWARP it probes a peer whose HELLO is late with a zero-length RDMA READ (after
+//!   100 ms, then at doubling gaps), since soft-iWARP can leave a first message that came too
+//!   early unread in the accepting side's socket until another message comes.
 //! - **Credits.** Every SEND consumes one credit; every received SEND's buffer is posted again
 //!   at once and its credit returned on the next outgoing header, or by a CREDIT message when a
 //!   quarter of `recv_depth` is owed. Data (EAGER, RTS) needs three credits and a FIN two, so

@@ -50,6 +50,7 @@ pub(crate) fn cfg() -> EngineConfig {
         rendezvous_timeout: Duration::from_secs(30),
         linger: Duration::from_secs(10),
         read_depth: 4,
+        probe_hello: false,
     }
 }
 

@@ -41,6 +41,7 @@ fn kind_of(w: &Work<Bytes>) -> &'static str {
         Work::Eager { .. } => "EAGER",
         Work::Rts { .. } => "RTS",
         Work::Unexpose { .. } => "UNEXPOSE",
+        Work::Probe => "PROBE",
         Work::Read(_) => "READ",
     }
 }
@@ -130,6 +131,59 @@ fn the_accepting_side_says_hello_only_after_the_peers() {
     assert!(silent
         .handle_timeout(now + Duration::from_secs(11))
         .is_err());
+}
+
+/// The kinds of work a step at `now` asks for (deadlines first, as the glue does).
+fn step_at(e: &mut E, now: Instant) -> Vec<&'static str> {
+    e.handle_timeout(now).expect("within the handshake timeout");
+    drain(e).iter().map(kind_of).collect()
+}
+
+#[test]
+fn on_iwarp_a_late_hello_is_probed_at_doubling_gaps_until_it_comes() {
+    let now = Instant::now();
+    let iwarp = EngineConfig {
+        probe_hello: true,
+        ..cfg()
+    };
+    let mut e = E::new(iwarp, Arc::new(Metrics::default()), now);
+    assert_eq!(step_at(&mut e, now), ["HELLO"]);
+    let first = now + HELLO_PROBE_FIRST;
+    assert_eq!(e.poll_timeout(), Some(first), "the first probe's time");
+    assert!(step_at(&mut e, first - Duration::from_millis(1)).is_empty());
+    assert_eq!(step_at(&mut e, first), ["PROBE"]);
+    // The next one after twice the gap, then four times.
+    let second = first + 2 * HELLO_PROBE_FIRST;
+    assert_eq!(e.poll_timeout(), Some(second));
+    assert!(step_at(&mut e, second - Duration::from_millis(1)).is_empty());
+    assert_eq!(step_at(&mut e, second), ["PROBE"]);
+    assert_eq!(e.poll_timeout(), Some(second + 4 * HELLO_PROBE_FIRST));
+    // The HELLO ends the probing: no deadline is left.
+    e.on_recv(encode(hello(DEPTH as u16 - 1), &[], &[]))
+        .expect("valid HELLO");
+    assert_eq!(e.poll_timeout(), None);
+    assert!(step_at(&mut e, second + Duration::from_secs(5)).is_empty());
+}
+
+#[test]
+fn no_probe_off_iwarp_or_from_the_accepting_side() {
+    let now = Instant::now();
+    let later = now + Duration::from_secs(5);
+    let mut off_iwarp = E::new(cfg(), Arc::new(Metrics::default()), now);
+    assert_eq!(step_at(&mut off_iwarp, now), ["HELLO"]);
+    assert_eq!(
+        off_iwarp.poll_timeout(),
+        Some(now + Duration::from_secs(10))
+    );
+    assert!(step_at(&mut off_iwarp, later).is_empty());
+    let accepting = EngineConfig {
+        probe_hello: true,
+        speaks_first: false,
+        ..cfg()
+    };
+    let mut e = E::new(accepting, Arc::new(Metrics::default()), now);
+    assert_eq!(e.poll_timeout(), Some(now + Duration::from_secs(10)));
+    assert!(step_at(&mut e, later).is_empty());
 }
 
 #[test]
@@ -719,6 +773,8 @@ fn pump(from: &mut Side, to: &mut Side) -> bool {
                 from.exposed.insert(rkey, (th.id, th.addr, payload));
                 to.inbox.push_back(encode(th, header.as_slice(), &[]).0);
             }
+            // A zero-length READ: nothing moves.
+            Work::Probe => {}
             Work::Unexpose { id } => {
                 let before = from.exposed.len();
                 from.exposed.retain(|_, (i, _, _)| *i != id);
