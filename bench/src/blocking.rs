@@ -8,6 +8,7 @@ use crate::sys;
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
 use std::thread::JoinHandle;
+use std::time::Duration;
 use transport_core::rpc::blocking::{BlockingConfig, BlockingServer};
 use transport_core::rpc::ServerConfig;
 
@@ -25,15 +26,16 @@ pub struct Server {
 
 impl Server {
     /// Listens at `bind` (a TCP port 0 gets a free port) on a thread pinned to `core`; the
-    /// connection threads it starts inherit the pinning.
-    pub fn start(bind: Target, core: Option<usize>) -> Result<Server, String> {
-        let runtime = sys::runtime().map_err(|e| format!("blocking rpc: runtime: {e}"))?;
+    /// connection threads it starts inherit the pinning. Its runtime and connection threads
+    /// poll for `spin` before they sleep.
+    pub fn start(bind: Target, core: Option<usize>, spin: Duration) -> Result<Server, String> {
+        let runtime = sys::runtime(spin).map_err(|e| format!("blocking rpc: runtime: {e}"))?;
         let server = BlockingServer::new(
             proto::rpc_handler(proto::payload_pool()),
             ServerConfig::default(),
             BlockingConfig::default()
                 .with_max_message_size(proto::MAX_PAYLOAD + 64)
-                .with_spin(sys::spin()),
+                .with_spin(spin),
             runtime.handle().clone(),
         );
         let serving = server.clone();

@@ -24,7 +24,7 @@ use transport_uds::{UdsAddr, UdsTransport};
 use transport_verbs::VerbsTransport;
 
 use crate::measure::{self, Job, Layer, Op, Outcome, Peer, RawTwoway};
-use crate::{link, os, sys, RemoteTransport};
+use crate::{link, os, RemoteTransport};
 
 /// Which path `bench count` measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -75,12 +75,11 @@ pub struct CountArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub count: u64,
     #[command(flatten)]
-    pub verbs: crate::verbs_args::VerbsArgs,
+    pub verbs: crate::tuning::VerbsArgs,
 }
 
 /// Runs one measurement and prints one line: messages, seconds, and the path's p50 for pings.
 pub fn run(a: &CountArgs) -> Result<(), String> {
-    sys::set_verbs(&a.verbs);
     let remote = crate::Remote::parse(&a.host, a.transport)?;
     let size = match a.op {
         CountOp::Ping => 0,
@@ -92,7 +91,7 @@ pub fn run(a: &CountArgs) -> Result<(), String> {
             os_path(&os::Target::Tcp(*addr), a, size)?
         }
         (crate::Remote::Ip(RemoteTransport::Verbs, addr), CountPath::Os | CountPath::Link) => {
-            let v = VerbsTransport::new(verbs_config()).map_err(|e| e.to_string())?;
+            let v = VerbsTransport::new(verbs_config(a)).map_err(|e| e.to_string())?;
             let t = link::Target::at(&v, link::link_addr(*addr));
             match a.op {
                 CountOp::Ping => link::ping(&t, a.count, None)?,
@@ -106,7 +105,7 @@ pub fn run(a: &CountArgs) -> Result<(), String> {
             job(&UdsTransport::default(), &UdsAddr(p.clone()), a, path)?
         }
         (crate::Remote::Ip(RemoteTransport::Verbs, addr), path) => {
-            let v = VerbsTransport::new(verbs_config()).map_err(|e| e.to_string())?;
+            let v = VerbsTransport::new(verbs_config(a)).map_err(|e| e.to_string())?;
             job(&v, addr, a, path)?
         }
         (crate::Remote::Ip(_, addr), path) => job(&TcpTransport::default(), addr, a, path)?,
@@ -124,9 +123,9 @@ pub fn run(a: &CountArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// The bench's verbs settings, with time for a peer that runs under callgrind to connect.
-fn verbs_config() -> transport_verbs::VerbsConfig {
-    let mut c = sys::verbs_config();
+/// The `--verbs-*` settings, with time for a peer that runs under callgrind to connect.
+fn verbs_config(a: &CountArgs) -> transport_verbs::VerbsConfig {
+    let mut c = a.verbs.config();
     c.connect_timeout = c.connect_timeout.max(std::time::Duration::from_secs(120));
     c
 }
@@ -157,6 +156,8 @@ fn job<T: Transport + Clone>(
         addr,
         counters: None,
         blocking: None,
+        // Counts are made without spinning: a spin's polls would be counted as work.
+        spin: std::time::Duration::ZERO,
     };
     measure::run(
         &peer,

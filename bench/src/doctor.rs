@@ -251,7 +251,7 @@ fn sysctls(proc_sys: &Path) -> Vec<Finding> {
 /// How the verbs transport waits for completions and what each connection registers, with
 /// the settings the bench uses.
 fn verbs_settings() -> Finding {
-    let c = crate::sys::verbs_config();
+    let c = transport_verbs::VerbsConfig::default();
     let polling = format!("polling: {}", crate::sys::verbs_polling(&c));
     let own_recv = if c.srq_depth == 0 {
         c.recv_depth * c.recv_buf_size()
@@ -291,7 +291,7 @@ fn verbs_devices() -> Vec<Finding> {
     let Ok(devices) = transport_verbs::probe_devices() else {
         return Vec::new();
     };
-    let c = crate::sys::verbs_config();
+    let c = transport_verbs::VerbsConfig::default();
     devices
         .iter()
         .map(|caps| {

@@ -79,7 +79,7 @@ mod scenario_cmd;
 mod soak;
 mod suite;
 mod sys;
-mod verbs_args;
+mod tuning;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -89,15 +89,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use suite::{OsBaseline, Settings};
 use transport_core::{Listener, Transport};
 use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
 use transport_verbs::VerbsTransport;
-
-/// `--spin-us`'s default: the library's suggested budget (`transport_core::spin`).
-const DEFAULT_SPIN_US: u64 = transport_core::spin::DEFAULT_BUDGET.as_micros() as u64;
 
 /// Default TCP port of `bench server`.
 const DEFAULT_PORT: u16 = 5201;
@@ -280,15 +277,8 @@ struct RunArgs {
     /// CPU placement of client and server.
     #[arg(long, value_enum, default_value_t = Pin::Same)]
     pin: Pin,
-    /// Before a runtime thread sleeps, poll its waiting sockets for up to this many µs
-    /// (`transport_core::spin`; 0: never); with `--rpc-io blocking`, also the blocking client
-    /// and server before they block in recv (`BlockingConfig::spin`). Helps when client and
-    /// server run on different CPUs; ignored where the process may use one CPU only, and
-    /// backs off by itself where spins do not pay (the peer shares the CPU, or is slow).
-    #[arg(long, default_value_t = DEFAULT_SPIN_US)]
-    spin_us: u64,
     #[command(flatten)]
-    verbs: verbs_args::VerbsArgs,
+    tuning: tuning::TuningArgs,
     /// How the RPC rows are measured: `async` (RpcClient and RpcServer on tokio) or
     /// `blocking` (`transport_core::rpc::blocking`: the client blocks in recv, one call at a
     /// time, a thread per connection on the server; local mode, uds and tcp; verbs stays
@@ -352,12 +342,8 @@ struct ServerArgs {
     /// the TCP listener: give it another port. The link figures listen one port up.
     #[arg(long)]
     verbs_listen: Option<SocketAddr>,
-    /// Before the server's runtime sleeps, poll its waiting sockets for up to this many µs
-    /// (0: never; backs off by itself where spins do not pay).
-    #[arg(long, default_value_t = DEFAULT_SPIN_US)]
-    spin_us: u64,
     #[command(flatten)]
-    verbs_settings: verbs_args::VerbsArgs,
+    tuning: tuning::TuningArgs,
     /// Also serve the OS baseline (blocking std sockets, a thread per connection: a 1-byte
     /// ping-pong and a sink) on this Unix socket path, for `bench count --path os`.
     #[arg(long)]
@@ -402,9 +388,12 @@ impl RunArgs {
         vec![TransportName::Uds, TransportName::Tcp, TransportName::Verbs]
     }
 
+    /// `--spin-us`.
+    fn spin(&self) -> Duration {
+        self.tuning.spin()
+    }
+
     fn settings(&self, client_core: Option<usize>) -> Settings {
-        sys::set_spin(self.spin_us);
-        sys::set_verbs(&self.verbs);
         let sizes = self.sizes.clone().unwrap_or_else(|| {
             if self.full {
                 vec![1024, 4096, 16384, 65536, 262_144, 500_000, 1 << 20]
@@ -568,20 +557,23 @@ fn spawn_server<T: Transport + Clone>(
     transport: T,
     addr: T::Addr,
     core: Option<usize>,
+    spin: Duration,
 ) -> Result<(T::Addr, Arc<proto::ServerCounters>), String> {
     let counters = Arc::new(proto::ServerCounters::default());
     let served = counters.clone();
-    let addr = spawn_server_with(transport, addr, core, |l| async move {
+    let addr = spawn_server_with(transport, addr, core, spin, |l| async move {
         let _ = proto::serve(l, served).await;
     })?;
     Ok((addr, counters))
 }
 
-/// Like [`spawn_server`] with another server loop (`serve` gets the listener).
+/// Like [`spawn_server`] with another server loop (`serve` gets the listener). The server's
+/// runtime polls for `spin` before it sleeps (zero: never).
 fn spawn_server_with<T, F, Fut>(
     transport: T,
     addr: T::Addr,
     core: Option<usize>,
+    spin: Duration,
     serve: F,
 ) -> Result<T::Addr, String>
 where
@@ -599,7 +591,7 @@ where
                     return;
                 }
             }
-            let rt = match sys::runtime() {
+            let rt = match sys::runtime(spin) {
                 Ok(rt) => rt,
                 Err(e) => {
                     let _ = tx.send(Err(e.to_string()));
@@ -693,10 +685,11 @@ fn verbs_notes(verbs: &VerbsTransport, peak: transport_verbs::MemoryUse) -> Vec<
     notes
 }
 
-/// The verbs transport and an address of this machine's RDMA device, or why there is none.
-fn verbs_here() -> Result<(VerbsTransport, SocketAddr), String> {
-    let verbs = VerbsTransport::new(sys::verbs_config()).map_err(|e| e.to_string())?;
-    let ip = sys::verbs_args().local_ip()?;
+/// The verbs transport with the `--verbs-*` settings `args`, and an address of this
+/// machine's RDMA device, or why there is none.
+fn verbs_here(args: &tuning::VerbsArgs) -> Result<(VerbsTransport, SocketAddr), String> {
+    let verbs = VerbsTransport::new(args.config()).map_err(|e| e.to_string())?;
+    let ip = args.local_ip()?;
     Ok((verbs, SocketAddr::new(ip, 0)))
 }
 
@@ -709,26 +702,41 @@ fn run_local<T: Transport + Clone>(
     addr: T::Addr,
     os: os::Target,
     blocking: os::Target,
-    place: &Placement,
-    settings: &Settings,
-    progress: &ProgressBar,
+    run: &LocalRun<'_>,
 ) -> Result<suite::TransportReport, String> {
-    let (addr, counters) = spawn_server(transport.clone(), addr, place.server_core)?;
+    let LocalRun {
+        place,
+        spin,
+        settings,
+        progress,
+    } = *run;
+    let (addr, counters) = spawn_server(transport.clone(), addr, place.server_core, spin)?;
     let blocking = match settings.rpc_io {
         RpcIo::Async => None,
-        RpcIo::Blocking => Some(blocking::Server::start(blocking, place.server_core)?),
+        RpcIo::Blocking => Some(blocking::Server::start(blocking, place.server_core, spin)?),
     };
     let peer = Peer {
         transport: &transport,
         addr: &addr,
         counters: Some(&counters),
         blocking: blocking.as_ref().map(blocking::Server::target),
+        spin,
     };
     if !settings.raw() {
         return suite::run(&peer, rpc_only(), settings, progress);
     }
     let os = os::Server::start(os, place.server_core)?;
     suite::run(&peer, OsBaseline::Measure(os.target()), settings, progress)
+}
+
+/// What every transport of one local run shares: where client and server run, the runtimes'
+/// spin, the settings and the progress bar.
+#[derive(Clone, Copy)]
+struct LocalRun<'a> {
+    place: &'a Placement,
+    spin: Duration,
+    settings: &'a Settings,
+    progress: &'a ProgressBar,
 }
 
 /// The os baseline of an `--only rpc` run: not measured, and its servers not started.
@@ -750,6 +758,12 @@ fn local(args: &RunArgs) -> Result<(), String> {
     let progress = args.progress(settings.jobs(true) * sockets);
     let mut transports = Vec::new();
     let mut unavailable = Vec::new();
+    let run = LocalRun {
+        place: &place,
+        spin: args.spin(),
+        settings: &settings,
+        progress: &progress,
+    };
     for t in wanted {
         match t {
             TransportName::Uds => {
@@ -757,15 +771,7 @@ fn local(args: &RunArgs) -> Result<(), String> {
                 let (dir, path) = local_socket()?;
                 let os = os::Target::Uds(dir.path().join("os.sock"));
                 let blocking = os::Target::Uds(dir.path().join("rpc-blocking.sock"));
-                let r = run_local(
-                    UdsTransport::default(),
-                    UdsAddr(path),
-                    os,
-                    blocking,
-                    &place,
-                    &settings,
-                    &progress,
-                );
+                let r = run_local(UdsTransport::default(), UdsAddr(path), os, blocking, &run);
                 drop(dir);
                 transports.push(r?);
             }
@@ -777,24 +783,24 @@ fn local(args: &RunArgs) -> Result<(), String> {
                     loopback,
                     os,
                     os::Target::Tcp(loopback),
-                    &place,
-                    &settings,
-                    &progress,
+                    &run,
                 )?);
             }
-            TransportName::Verbs => match verbs_here() {
+            TransportName::Verbs => match verbs_here(&args.tuning.verbs) {
                 Ok((verbs, addr)) => {
                     let link = if settings.raw() {
                         Some(link::Server::start(&verbs, addr, place.server_core)?)
                     } else {
                         None
                     };
-                    let (addr, counters) = spawn_server(verbs.clone(), addr, place.server_core)?;
+                    let (addr, counters) =
+                        spawn_server(verbs.clone(), addr, place.server_core, args.spin())?;
                     let peer = Peer {
                         transport: &verbs,
                         addr: &addr,
                         counters: Some(&counters),
                         blocking: None,
+                        spin: args.spin(),
                     };
                     let baseline = match &link {
                         Some(l) => OsBaseline::Link(l.target()),
@@ -947,9 +953,7 @@ fn server(a: &ServerArgs) -> Result<(), String> {
     if let Some(c) = a.core {
         sys::pin_current_thread(c)?;
     }
-    sys::set_spin(a.spin_us);
-    sys::set_verbs(&a.verbs_settings);
-    let rt = sys::runtime().map_err(|e| e.to_string())?;
+    let rt = sys::runtime(a.tuning.spin()).map_err(|e| e.to_string())?;
     rt.block_on(async {
         let mut shutdown = Shutdown::register()?;
         if let Some(w) = listen_warning(&a.listen) {
@@ -977,7 +981,7 @@ fn server(a: &ServerArgs) -> Result<(), String> {
         };
         let verbs = if a.verbs {
             let at = a.verbs_listen.unwrap_or(a.listen);
-            let v = VerbsTransport::new(sys::verbs_config()).map_err(|e| e.to_string())?;
+            let v = VerbsTransport::new(a.tuning.verbs.config()).map_err(|e| e.to_string())?;
             let l = v.listen(&at).await.map_err(|e| {
                 let hint = if at.ip().is_loopback() {
                     " (pass --listen with the RDMA device's IP, e.g. --listen 10.0.0.5:5201: \
@@ -1108,18 +1112,23 @@ fn client(host: &str, transport: Option<RemoteTransport>, args: &RunArgs) -> Res
     let progress = args.progress(settings.jobs(false));
     let remote = || OsBaseline::Skip(REMOTE_NO_OS.into());
     // The server is another process: its counters are not ours to read.
-    fn peer<'a, T: Transport>(transport: &'a T, addr: &'a T::Addr) -> Peer<'a, T> {
+    fn peer<'a, T: Transport>(transport: &'a T, addr: &'a T::Addr, spin: Duration) -> Peer<'a, T> {
         Peer {
             transport,
             addr,
             counters: None,
             blocking: None,
+            spin,
         }
     }
     let (r, at) = match &remote_at {
         Remote::Uds(path) => (
             suite::run(
-                &peer(&UdsTransport::default(), &UdsAddr(path.clone())),
+                &peer(
+                    &UdsTransport::default(),
+                    &UdsAddr(path.clone()),
+                    args.spin(),
+                ),
                 remote(),
                 &settings,
                 &progress,
@@ -1127,12 +1136,12 @@ fn client(host: &str, transport: Option<RemoteTransport>, args: &RunArgs) -> Res
             path.display().to_string(),
         ),
         Remote::Ip(RemoteTransport::Verbs, addr) => {
-            let v = VerbsTransport::new(sys::verbs_config()).map_err(|e| e.to_string())?;
+            let v = VerbsTransport::new(args.tuning.verbs.config()).map_err(|e| e.to_string())?;
             // `bench server --verbs` serves the link figures one port up.
             let limit = link::Target::at(&v, link::link_addr(*addr));
             (
                 suite::run(
-                    &peer(&v, addr),
+                    &peer(&v, addr, args.spin()),
                     OsBaseline::Link(&limit),
                     &settings.for_verbs(),
                     &progress,
@@ -1142,7 +1151,7 @@ fn client(host: &str, transport: Option<RemoteTransport>, args: &RunArgs) -> Res
         }
         Remote::Ip(_, addr) => (
             suite::run(
-                &peer(&TcpTransport::default(), addr),
+                &peer(&TcpTransport::default(), addr, args.spin()),
                 remote(),
                 &settings,
                 &progress,
@@ -1261,7 +1270,7 @@ mod tests {
     }
 
     /// `bench scenario` takes the verbs polling budget and shared receive queue depth, as
-    /// `bench local` does (`sys::set_verbs` hands them on).
+    /// `bench local` does, into the settings its verbs transport is made with.
     #[test]
     fn scenarios_take_the_verbs_settings() {
         let cli = Cli::try_parse_from([
@@ -1282,14 +1291,40 @@ mod tests {
         assert_eq!(a.verbs.verbs_poll_us, Some(250));
         assert_eq!(a.verbs.verbs_srq_depth, Some(0));
         assert_eq!(a.verbs.verbs_poll_together, Some(64));
-        // (Not applied here: the settings are process-wide and other tests set them too.)
+        let c = a.verbs.config();
+        assert_eq!(
+            (c.poll_spin, c.srq_depth, c.poll_together_from),
+            (Duration::from_micros(250), 0, 64)
+        );
         let Some(Command::Scenario(a)) = Cli::try_parse_from(["bench", "scenario", "clients"])
             .unwrap()
             .command
         else {
             panic!("not the scenario command");
         };
-        assert_eq!(a.verbs, verbs_args::VerbsArgs::default(), "the library's");
+        assert_eq!(a.verbs, tuning::VerbsArgs::default(), "the library's");
+    }
+
+    /// `bench local` and `bench server` take the same tuning flags, each into its own value:
+    /// the runtime's spin and the verbs settings.
+    #[test]
+    fn local_and_server_take_the_tuning_flags() {
+        let flags = ["--spin-us", "7", "--verbs-srq-depth", "0"];
+        let local = Cli::try_parse_from(["bench", "local"].into_iter().chain(flags)).unwrap();
+        let server = Cli::try_parse_from(["bench", "server"].into_iter().chain(flags)).unwrap();
+        let (Some(Command::Local(l)), Some(Command::Server(s))) = (local.command, server.command)
+        else {
+            panic!("not the local and server commands");
+        };
+        assert_eq!(l.tuning, s.tuning);
+        assert_eq!(l.spin(), Duration::from_micros(7));
+        assert_eq!(s.tuning.verbs.config().srq_depth, 0);
+        let Some(Command::Local(d)) = Cli::try_parse_from(["bench", "local"]).unwrap().command
+        else {
+            panic!("not the local command");
+        };
+        assert_eq!(d.tuning.spin_us, tuning::DEFAULT_SPIN_US);
+        assert_eq!(d.tuning.verbs, tuning::VerbsArgs::default());
     }
 
     /// The server listens on loopback unless told otherwise, and its help says so.

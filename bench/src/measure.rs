@@ -96,6 +96,9 @@ pub struct Peer<'a, T: Transport> {
     pub counters: Option<&'a ServerCounters>,
     /// With `--rpc-io blocking`: the blocking RPC server the RPC rows go to instead.
     pub blocking: Option<&'a SocketTarget>,
+    /// How long the client threads poll their waiting sockets before they sleep
+    /// (`--spin-us`; zero: never).
+    pub spin: Duration,
 }
 
 /// Raw backend connection or RPC over it.
@@ -199,16 +202,17 @@ where
         let addr = peer.addr.clone();
         let barrier = barrier.clone();
         let blocking = peer.blocking.filter(|_| job.layer == Layer::Rpc).cloned();
+        let spin = peer.spin;
         handles.push(std::thread::spawn(
             move || -> Result<ThreadResult, String> {
                 if let Some(core) = job.client_core {
                     sys::pin_current_thread(core)?;
                 }
                 if let Some(target) = blocking {
-                    return blocking_client_thread(&target, job, share, &barrier)
+                    return blocking_client_thread(&target, job, share, spin, &barrier)
                         .map_err(|e| format!("{} blocking: {e}", job_name(&job)));
                 }
-                let rt = sys::runtime().map_err(|e| e.to_string())?;
+                let rt = sys::runtime(spin).map_err(|e| e.to_string())?;
                 let name = transport.capabilities().name;
                 // The client runs as a spawned task, not as the `block_on` future itself: a
                 // wake of the `block_on` future from another task (the RPC client's response
@@ -618,12 +622,13 @@ fn blocking_client_thread(
     target: &SocketTarget,
     job: Job,
     count: u64,
+    spin: Duration,
     barrier: &Barrier,
 ) -> Result<ThreadResult, BoxError> {
     let mut barrier = Start::new(barrier);
     let config = BlockingConfig::default()
         .with_max_message_size(proto::MAX_PAYLOAD + 64)
-        .with_spin(sys::spin());
+        .with_spin(spin);
     match target {
         SocketTarget::Uds(p) => {
             let s = std::os::unix::net::UnixStream::connect(p)?;

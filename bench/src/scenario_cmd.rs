@@ -136,7 +136,7 @@ pub struct ScenarioArgs {
     #[arg(long, value_enum, default_value_t = Pin::Same)]
     pub pin: Pin,
     #[command(flatten)]
-    pub verbs: crate::verbs_args::VerbsArgs,
+    pub verbs: crate::tuning::VerbsArgs,
     /// Print the report as JSON on stdout instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -215,7 +215,6 @@ pub struct ScenarioReport {
 /// Runs `bench scenario`.
 pub fn run(args: &ScenarioArgs) -> Result<(), String> {
     let started = Instant::now();
-    crate::sys::set_verbs(&args.verbs);
     let place = placement(args.pin, "local");
     let scenarios = args.name.expand();
     let mut wanted = args.transports.clone();
@@ -277,7 +276,7 @@ pub fn run(args: &ScenarioArgs) -> Result<(), String> {
                     ))?);
                 }
             }
-            TransportName::Verbs => match crate::verbs_here() {
+            TransportName::Verbs => match crate::verbs_here(&args.verbs) {
                 Ok((verbs, any)) => {
                     let addr = spawn_server(verbs.clone(), any, place.server_core)?;
                     rows.extend(
@@ -343,14 +342,21 @@ fn spawn_server<T: Transport + Clone>(
     addr: T::Addr,
     core: Option<usize>,
 ) -> Result<T::Addr, String> {
-    crate::spawn_server_with(transport, addr, core, |listener| async move {
-        // The bench makes its own load: every client it starts is served (the default limit
-        // follows RLIMIT_NOFILE, which verbs connections do not use).
-        let mut config = ServerConfig::default();
-        config.max_connections = usize::MAX;
-        let server = RpcServer::new(ScenarioHandler::default(), config);
-        let _ = server.serve(listener).await;
-    })
+    // No spinning: the scenarios measure many connections per thread.
+    crate::spawn_server_with(
+        transport,
+        addr,
+        core,
+        Duration::ZERO,
+        |listener| async move {
+            // The bench makes its own load: every client it starts is served (the default limit
+            // follows RLIMIT_NOFILE, which verbs connections do not use).
+            let mut config = ServerConfig::default();
+            config.max_connections = usize::MAX;
+            let server = RpcServer::new(ScenarioHandler::default(), config);
+            let _ = server.serve(listener).await;
+        },
+    )
 }
 
 struct Ctx<'a, T: Transport> {

@@ -3,33 +3,7 @@
 use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::sys::resource::{getrusage, UsageWho};
 use nix::unistd::Pid;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-
-/// `--spin-us`: how long a runtime thread polls its waiting sockets before parking.
-static SPIN_US: AtomicU64 = AtomicU64::new(0);
-
-/// The `--verbs-*` options of this run, for every verbs transport the bench makes.
-static VERBS: std::sync::Mutex<Option<crate::verbs_args::VerbsArgs>> = std::sync::Mutex::new(None);
-
-/// Sets the `--verbs-*` options for every verbs transport the bench makes.
-pub fn set_verbs(args: &crate::verbs_args::VerbsArgs) {
-    *VERBS.lock().unwrap_or_else(|p| p.into_inner()) = Some(args.clone());
-}
-
-/// The `--verbs-*` options set for this run (none given: the library's defaults).
-pub fn verbs_args() -> crate::verbs_args::VerbsArgs {
-    VERBS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone()
-        .unwrap_or_default()
-}
-
-/// The verbs settings the bench uses: the defaults with the `--verbs-*` options applied.
-pub fn verbs_config() -> transport_verbs::VerbsConfig {
-    verbs_args().config()
-}
 
 /// Where a verbs transport with settings `c` posts its receive buffers, in words.
 pub fn verbs_receive(c: &transport_verbs::VerbsConfig) -> String {
@@ -98,22 +72,12 @@ pub fn rnr_naks_in(root: &std::path::Path) -> Option<u64> {
     total
 }
 
-/// Sets the spin budget of every runtime [`runtime`] builds from now on.
-pub fn set_spin(us: u64) {
-    SPIN_US.store(us, Ordering::Relaxed);
-}
-
-/// The spin budget runtimes get (zero: no spinning).
-pub fn spin() -> Duration {
-    Duration::from_micros(SPIN_US.load(Ordering::Relaxed))
-}
-
-/// A current-thread tokio runtime with everything enabled and, with `--spin-us`, the
-/// spin-before-park hook of `transport_core::spin`.
-pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+/// A current-thread tokio runtime with everything enabled and, with a spin budget
+/// (`--spin-us`; zero: none), the spin-before-park hook of `transport_core::spin`.
+pub fn runtime(spin: Duration) -> std::io::Result<tokio::runtime::Runtime> {
     let mut b = tokio::runtime::Builder::new_current_thread();
     b.enable_all();
-    let budget = spin();
+    let budget = spin;
     if !budget.is_zero() {
         b.on_thread_park(transport_core::spin::park_hook(budget));
     }

@@ -1,9 +1,36 @@
-//! The verbs settings of every bench command, declared once (`#[command(flatten)]` into
-//! `bench local`, `client`, `server` and `scenario`) and turned into one `VerbsConfig` value.
+//! The tuning flags of every bench command, declared once and flattened where needed: the
+//! verbs settings ([`VerbsArgs`], in `bench local`, `client`, `server`, `count` and
+//! `scenario`), turned into one `VerbsConfig` value, and with them the runtimes' spin
+//! ([`TuningArgs`], in `bench local`, `client` and `server`). The values are passed down to
+//! what they tune: the bench keeps no process-wide settings.
 
 use std::time::Duration;
 
 use transport_verbs::{Exposure, VerbsConfig};
+
+/// `--spin-us` when not given: the library's suggested budget (`transport_core::spin`).
+pub const DEFAULT_SPIN_US: u64 = transport_core::spin::DEFAULT_BUDGET.as_micros() as u64;
+
+/// The tuning flags of the commands that run transports and their servers.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct TuningArgs {
+    /// Before a runtime thread sleeps, poll its waiting sockets for up to this many µs
+    /// (`transport_core::spin`; 0: never); with `--rpc-io blocking`, also the blocking client
+    /// and server before they block in recv (`BlockingConfig::spin`). Helps when client and
+    /// server run on different CPUs; ignored where the process may use one CPU only, and
+    /// backs off by itself where spins do not pay (the peer shares the CPU, or is slow).
+    #[arg(long, default_value_t = DEFAULT_SPIN_US)]
+    pub spin_us: u64,
+    #[command(flatten)]
+    pub verbs: VerbsArgs,
+}
+
+impl TuningArgs {
+    /// `--spin-us` as a duration.
+    pub fn spin(&self) -> Duration {
+        Duration::from_micros(self.spin_us)
+    }
+}
 
 /// The `--verbs-*` options.
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
