@@ -23,8 +23,9 @@ use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
 use transport_verbs::VerbsTransport;
 
+use crate::args::RemoteTransport;
 use crate::measure::{self, Job, Layer, Op, Outcome, Peer, RawTwoway};
-use crate::{link, os, RemoteTransport};
+use crate::{link, os};
 
 /// Which path `bench count` measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -69,7 +70,7 @@ pub struct CountArgs {
     #[arg(long, value_enum, default_value_t = CountOp::Ping)]
     pub op: CountOp,
     /// Payload bytes per message for oneway and send (K/M suffixes allowed).
-    #[arg(long, default_value = "64K", value_parser = crate::parse_size)]
+    #[arg(long, default_value = "64K", value_parser = crate::args::parse_size)]
     pub size: usize,
     /// Messages (or round trips), after a warm-up of 20.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
@@ -80,17 +81,22 @@ pub struct CountArgs {
 
 /// Runs one measurement and prints one line: messages, seconds, and the path's p50 for pings.
 pub fn run(a: &CountArgs) -> Result<(), String> {
-    let remote = crate::Remote::parse(&a.host, a.transport)?;
+    let remote = crate::args::Remote::parse(&a.host, a.transport)?;
     let size = match a.op {
         CountOp::Ping => 0,
         _ => a.size,
     };
     let o = match (&remote, a.path) {
-        (crate::Remote::Uds(p), CountPath::Os) => os_path(&os::Target::Uds(p.clone()), a, size)?,
-        (crate::Remote::Ip(RemoteTransport::Tcp, addr), CountPath::Os) => {
+        (crate::args::Remote::Uds(p), CountPath::Os) => {
+            os_path(&os::Target::Uds(p.clone()), a, size)?
+        }
+        (crate::args::Remote::Ip(RemoteTransport::Tcp, addr), CountPath::Os) => {
             os_path(&os::Target::Tcp(*addr), a, size)?
         }
-        (crate::Remote::Ip(RemoteTransport::Verbs, addr), CountPath::Os | CountPath::Link) => {
+        (
+            crate::args::Remote::Ip(RemoteTransport::Verbs, addr),
+            CountPath::Os | CountPath::Link,
+        ) => {
             let v = VerbsTransport::new(verbs_config(a)).map_err(|e| e.to_string())?;
             let t = link::Target::at(&v, link::link_addr(*addr));
             match a.op {
@@ -101,14 +107,14 @@ pub fn run(a: &CountArgs) -> Result<(), String> {
         (_, CountPath::Link) => {
             return Err("--path link is the verbs link: use --path os for uds and tcp".into())
         }
-        (crate::Remote::Uds(p), path) => {
+        (crate::args::Remote::Uds(p), path) => {
             job(&UdsTransport::default(), &UdsAddr(p.clone()), a, path)?
         }
-        (crate::Remote::Ip(RemoteTransport::Verbs, addr), path) => {
+        (crate::args::Remote::Ip(RemoteTransport::Verbs, addr), path) => {
             let v = VerbsTransport::new(verbs_config(a)).map_err(|e| e.to_string())?;
             job(&v, addr, a, path)?
         }
-        (crate::Remote::Ip(_, addr), path) => job(&TcpTransport::default(), addr, a, path)?,
+        (crate::args::Remote::Ip(_, addr), path) => job(&TcpTransport::default(), addr, a, path)?,
     };
     let p50 = o
         .latency

@@ -64,10 +64,13 @@
 //! Local mode and `bench scenario` put their Unix sockets in a fresh private directory
 //! (mode 0700, under the temporary directory), removed at the end of the run.
 
+mod args;
 mod blocking;
+mod cli;
 mod count;
 mod doctor;
 mod link;
+mod local;
 mod machine;
 mod measure;
 mod os;
@@ -81,9 +84,12 @@ mod suite;
 mod sys;
 mod tuning;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use measure::{Layer, Op, Peer, RawTwoway, RpcIo};
+use args::{Remote, RemoteTransport, TransportName};
+use clap::Parser;
+use cli::{Cli, Command, ResultsCommand, RunArgs, ServerArgs};
+use indicatif::ProgressBar;
+use local::{local_socket, placement, spawn_server, verbs_here};
+use measure::{Peer, RpcIo};
 use report::{Placement, Report, Unavailable};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -96,368 +102,9 @@ use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
 use transport_verbs::VerbsTransport;
 
-/// Default TCP port of `bench server`.
-const DEFAULT_PORT: u16 = 5201;
-
-/// Default address of `bench server`: loopback only, since the port is unauthenticated.
-const DEFAULT_LISTEN: &str = "127.0.0.1:5201";
-
 /// Why `bench client` has no `os` figures.
 const REMOTE_NO_OS: &str = "remote mode: the OS baseline needs a server of its own on the \
                             remote host, which `bench server` does not run";
-
-#[derive(Parser, Debug)]
-#[command(
-    name = "bench",
-    version,
-    about = "Raw transport vs RPC over it, on uds, tcp and verbs, with a diagnosis of the gap",
-    args_conflicts_with_subcommands = true
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Command>,
-    #[command(flatten)]
-    run: RunArgs,
-}
-
-/// How `bench merge` and `bench results write` describe the machine the guest's rows come from.
-pub(crate) const MERGE_MACHINE: &str = "in the soft-RoCE guest under QEMU software emulation";
-
-/// `bench results ...`.
-#[derive(Subcommand, Debug)]
-enum ResultsCommand {
-    /// Record a run as the results page, its JSON and plot, and the README's block.
-    Write(results::WriteArgs),
-    /// Fail unless the results page, its plot and the README's block match the recorded JSON.
-    Check {
-        /// The results directory.
-        #[arg(long, default_value = "docs/results")]
-        dir: PathBuf,
-        /// The README holding the block.
-        #[arg(long, default_value = "README.md")]
-        readme: PathBuf,
-    },
-}
-
-#[derive(Subcommand, Debug)]
-enum Command {
-    /// Client and server in this process, over every available transport (the default).
-    Local(RunArgs),
-    /// Serve bench connections for `bench client` on another host.
-    Server(ServerArgs),
-    /// Run the comparison against `bench server` on HOST (TCP, verbs with --transport verbs),
-    /// or at a Unix socket (`unix:PATH`, served by `bench server --uds PATH`).
-    Client {
-        /// The server: HOST or HOST:PORT (default port 5201), or `unix:PATH` for its Unix
-        /// socket.
-        host: String,
-        /// Transport to the server (verbs needs `bench server --verbs`; uds needs
-        /// `bench server --uds PATH` and takes `unix:PATH` or PATH as the server). Default:
-        /// uds for `unix:PATH`, else tcp.
-        #[arg(long, value_enum)]
-        transport: Option<RemoteTransport>,
-        #[command(flatten)]
-        run: RunArgs,
-    },
-    /// The classic middleware scenarios: typed payloads, many clients, slow handlers, ORB shape.
-    Scenario(scenario_cmd::ScenarioArgs),
-    /// One report from a run on this machine and runs on an emulated one (`--json-out`
-    /// files): the emulated rows are marked `NAME*` and only their ratios compare. `cargo
-    /// xtask bench` uses it for the verbs rows it measures in the soft-RoCE guest.
-    Merge {
-        /// The report of this machine's run.
-        base: PathBuf,
-        /// Reports measured on the emulated machine.
-        #[arg(required = true)]
-        emulated: Vec<PathBuf>,
-        /// How the emulated machine is described in the notes.
-        #[arg(long, default_value = MERGE_MACHINE)]
-        machine: String,
-        /// Print the merged report as JSON instead of tables.
-        #[arg(long)]
-        json: bool,
-    },
-    /// The results page: `write` records a run (the host's and the guest's `--json-out`
-    /// reports) as docs/results/ and the README's block (`cargo xtask bench --record` calls
-    /// it); `check` fails when the page, the plot or the README's block differ from what the
-    /// recorded JSON renders to.
-    #[command(subcommand)]
-    Results(ResultsCommand),
-    /// One path, one operation, N messages, then exit: what `cargo xtask profile` runs under
-    /// callgrind to count instructions per message (the difference of N and 3N).
-    Count(count::CountArgs),
-    /// RPC clients for a bounded time while faults strike: the server process or a process of
-    /// clients killed (SIGKILL) and started again, or connections reset, half-closed or cut
-    /// mid-frame by a proxy (uds, tcp); every call accounted for (answered, failed with a
-    /// typed error, lost, misdelivered), and descriptors, tasks and connections back to their
-    /// baseline.
-    Soak(soak::SoakArgs),
-    /// `bench soak`'s child of clients: calls until it is killed.
-    #[command(hide = true)]
-    SoakClient(soak::SoakClientArgs),
-    /// Check the environment and say what to fix.
-    Doctor {
-        /// Print the findings as JSON.
-        #[arg(long)]
-        json: bool,
-    },
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Pin {
-    /// Client threads and server on the same CPU (the most repeatable placement).
-    Same,
-    /// Client on one CPU, server on another.
-    Split,
-    /// No pinning: the scheduler decides.
-    None,
-}
-
-/// What `--only` restricts a run to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Only {
-    /// The RPC path alone: no raw backend connection, no os or link baseline.
-    Rpc,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum RemoteTransport {
-    Uds,
-    Tcp,
-    Verbs,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum TransportName {
-    Uds,
-    Tcp,
-    Verbs,
-}
-
-#[derive(Args, Debug, Clone)]
-struct RunArgs {
-    /// The whole sweep: sizes 1 KB..1 MB x 1, 2, 4, 8, 16, 32 client threads (default: quick).
-    #[arg(long)]
-    full: bool,
-    /// Payload sizes (K = 1024, M = 1048576), e.g. 1K,64K,500000.
-    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
-    sizes: Option<Vec<usize>>,
-    /// Client thread counts (each thread has its own connection), e.g. 1,4,16.
-    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=256))]
-    threads: Option<Vec<u16>>,
-    /// Operations to measure, exactly (default: all, and the latency row); `ping` is the
-    /// latency row.
-    #[arg(long, value_delimiter = ',', value_enum)]
-    ops: Option<Vec<Op>>,
-    /// Measure only this path: `rpc` measures RPC alone, without the raw connection and the
-    /// os (or link) baseline; the tables and the JSON say those were not measured.
-    #[arg(long, value_enum, value_name = "PATH")]
-    only: Option<Only>,
-    /// Round trips for the latency row, raw and RPC each (split over the repetitions).
-    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
-    pings: u64,
-    /// Repetitions of every figure (printed as median, min-max).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
-    repeat: u64,
-    /// RPC calls in flight per client thread (1 = one synchronous call at a time).
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
-    window: u64,
-    /// Most payload bytes in flight per client thread: a byte-sequence cell of SIZE runs
-    /// min(--window, this / SIZE) calls at once (at least 1; on uds and tcp an echo call counts
-    /// 2 x SIZE, its request and its reply). Default 2M on uds and tcp, where
-    /// bytes in flight beyond the CPU cache cost more than they hide, and 8M on verbs (an eighth
-    /// of a locked-memory limit if less, at least 2M), whose rendezvous moves a large payload
-    /// after a round trip of its own, so that with two 1 MiB calls in flight the device idles
-    /// between them (K/M suffixes allowed; given, it applies to all).
-    #[arg(long, value_parser = parse_bytes)]
-    window_bytes: Option<usize>,
-    /// Payload bytes per throughput run (K/M suffixes allowed).
-    #[arg(long, default_value = "200M", value_parser = parse_bytes)]
-    bytes: usize,
-    /// CPU placement of client and server.
-    #[arg(long, value_enum, default_value_t = Pin::Same)]
-    pin: Pin,
-    #[command(flatten)]
-    tuning: tuning::TuningArgs,
-    /// How the RPC rows are measured: `async` (RpcClient and RpcServer on tokio) or
-    /// `blocking` (`transport_core::rpc::blocking`: the client blocks in recv, one call at a
-    /// time, a thread per connection on the server; local mode, uds and tcp; verbs stays
-    /// async).
-    #[arg(long, value_enum, default_value_t = RpcIo::Async)]
-    rpc_io: RpcIo,
-    /// Payloads in plain heap memory instead of the transport's buffer pool (`BufferPool::alloc`):
-    /// on verbs every eager message is then copied into registered memory, and a rendezvous
-    /// payload registered (once, then cached), as for an application that does not allocate
-    /// from the pool. No effect on uds and tcp, whose pool is the heap.
-    #[arg(long)]
-    heap_payload: bool,
-    /// What the raw rows of the twoway ops measure: `stream` (message streams: send into a
-    /// sink, recv from a source, echo echoed back) or `exchange` (the two messages an RPC call
-    /// makes, on the raw connection, as many in flight as the cell's RPC window: send answered
-    /// by an empty message, recv asked for by a small request, echo one back per message sent;
-    /// RPC / raw is then the RPC layer's own cost).
-    #[arg(long, value_enum, default_value_t = RawTwoway::Stream)]
-    raw_twoway: RawTwoway,
-    /// Transports to measure (local mode).
-    #[arg(long, value_delimiter = ',', value_enum, default_values_t = [TransportName::Uds, TransportName::Tcp, TransportName::Verbs])]
-    transports: Vec<TransportName>,
-    /// Print the report as JSON on stdout instead of tables.
-    #[arg(long)]
-    json: bool,
-    /// Also write the report as JSON to this file (the tables still print): what
-    /// `bench merge` reads.
-    #[arg(long, value_name = "FILE.json")]
-    json_out: Option<PathBuf>,
-    /// Write an SVG plot to this file: per client thread count, Mbit/s (raw, RPC, os or link)
-    /// and utilization (rpc/raw, raw/os, rpc/os) vs message size.
-    #[arg(long, value_name = "FILE.svg")]
-    plot: Option<PathBuf>,
-    /// No progress bar.
-    #[arg(long)]
-    no_progress: bool,
-}
-
-#[derive(Args, Debug)]
-#[command(after_long_help = "\
-The port is unauthenticated: anyone who can reach it can make the server send and receive \
-data and use CPU. It listens on loopback (127.0.0.1:5201) unless --listen names another \
-address; a non-loopback --listen (e.g. 0.0.0.0:5201 for a client on another host) prints a \
-warning. Use one only on a network you trust.
-SIGINT or SIGTERM stops the server, removes the --uds socket file and exits with status 0.")]
-struct ServerArgs {
-    /// TCP address to listen on (default: loopback only). A non-loopback address (e.g.
-    /// 0.0.0.0:5201, for a client on another host) exposes an unauthenticated port and prints
-    /// a warning.
-    #[arg(long, default_value = DEFAULT_LISTEN)]
-    listen: SocketAddr,
-    /// Also listen on this Unix socket path (removed when the server stops).
-    #[arg(long)]
-    uds: Option<PathBuf>,
-    /// Also serve over RDMA verbs (rdma_cm) on the same IP and port (rdma_cm needs the IP of
-    /// an RDMA device, not loopback: pass --listen), or at --verbs-listen.
-    #[arg(long)]
-    verbs: bool,
-    /// Where verbs listens (with --verbs; default: --listen's address). An iWARP device
-    /// (siw, Chelsio, irdma in iWARP mode) runs RDMA over TCP and cannot share a port with
-    /// the TCP listener: give it another port. The link figures listen one port up.
-    #[arg(long)]
-    verbs_listen: Option<SocketAddr>,
-    #[command(flatten)]
-    tuning: tuning::TuningArgs,
-    /// Also serve the OS baseline (blocking std sockets, a thread per connection: a 1-byte
-    /// ping-pong and a sink) on this Unix socket path, for `bench count --path os`.
-    #[arg(long)]
-    os_uds: Option<PathBuf>,
-    /// Also serve the OS baseline on this TCP address (see --os-uds).
-    #[arg(long)]
-    os_tcp: Option<SocketAddr>,
-    /// Pin the server to this CPU.
-    #[arg(long)]
-    core: Option<usize>,
-}
-
-fn parse_size(s: &str) -> Result<usize, String> {
-    let n = parse_bytes(s)?;
-    if n > proto::MAX_PAYLOAD {
-        return Err(format!(
-            "`{s}` is above the largest supported size of {} bytes",
-            proto::MAX_PAYLOAD
-        ));
-    }
-    Ok(n)
-}
-
-fn parse_bytes(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let (digits, mult) = match t.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&t[..i], 1024),
-        Some((i, 'M' | 'm')) => (&t[..i], 1 << 20),
-        _ => (t, 1),
-    };
-    let n: usize = digits
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size (examples: 1024, 64K, 1M)"))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("`{s}` is too large"))
-}
-
-impl RunArgs {
-    /// `--transports` when not given.
-    fn default_transports() -> Vec<TransportName> {
-        vec![TransportName::Uds, TransportName::Tcp, TransportName::Verbs]
-    }
-
-    /// `--spin-us`.
-    fn spin(&self) -> Duration {
-        self.tuning.spin()
-    }
-
-    fn settings(&self, client_core: Option<usize>) -> Settings {
-        let sizes = self.sizes.clone().unwrap_or_else(|| {
-            if self.full {
-                vec![1024, 4096, 16384, 65536, 262_144, 500_000, 1 << 20]
-            } else {
-                vec![1024, 65536, 262_144, 500_000, 1 << 20]
-            }
-        });
-        let threads = self
-            .threads
-            .clone()
-            .map(|v| v.into_iter().map(usize::from).collect())
-            .unwrap_or_else(|| {
-                if self.full {
-                    vec![1, 2, 4, 8, 16, 32]
-                } else {
-                    vec![1]
-                }
-            });
-        let ops = self
-            .ops
-            .clone()
-            .map(|v| v.into_iter().filter(|&o| o != Op::Ping).collect())
-            .unwrap_or_else(|| vec![Op::Send, Op::Oneway, Op::Recv, Op::Echo]);
-        let ping = self.ops.as_ref().is_none_or(|v| v.contains(&Op::Ping));
-        let layers = match self.only {
-            Some(Only::Rpc) => vec![Layer::Rpc],
-            None => vec![Layer::Raw, Layer::Rpc],
-        };
-        Settings {
-            sizes,
-            threads,
-            ops,
-            layers,
-            ping,
-            pings: self.pings,
-            repeat: self.repeat as usize,
-            bytes_per_run: self.bytes as u64,
-            min_calls: 64,
-            max_calls: 20_000,
-            window: self.window as usize,
-            window_bytes: self.window_bytes.unwrap_or(suite::WINDOW_BYTES),
-            verbs_window_bytes: self
-                .window_bytes
-                .unwrap_or_else(suite::verbs_window_bytes_here),
-            echo_both_ways: true,
-            client_core,
-            rpc_io: self.rpc_io,
-            heap_payload: self.heap_payload,
-            raw_twoway: self.raw_twoway,
-        }
-    }
-
-    fn progress(&self, total: u64) -> ProgressBar {
-        if self.no_progress || self.json {
-            return ProgressBar::hidden();
-        }
-        let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-        pb.set_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}")
-                .expect("valid template"),
-        );
-        pb
-    }
-}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -499,120 +146,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// CPU placement for local mode: (client core, server core, summary).
-fn placement(pin: Pin, mode: &str) -> Placement {
-    let cpus = sys::allowed_cpus();
-    let first = cpus.first().copied().unwrap_or(0);
-    let (c, s, summary) = match pin {
-        Pin::Same => (
-            Some(first),
-            Some(first),
-            format!("client threads and server pinned to the same CPU {first}"),
-        ),
-        Pin::Split if cpus.len() >= 2 => (
-            Some(cpus[0]),
-            Some(cpus[1]),
-            format!(
-                "client threads pinned to CPU {}, server to CPU {}",
-                cpus[0], cpus[1]
-            ),
-        ),
-        Pin::Split => (
-            Some(first),
-            Some(first),
-            format!("only CPU {first} is allowed: client and server share it"),
-        ),
-        Pin::None => (
-            None,
-            None,
-            "not pinned (the scheduler places client and server)".into(),
-        ),
-    };
-    let (c, s, summary) = if mode == "remote" {
-        (
-            c,
-            None,
-            match c {
-                Some(c) => format!("client threads pinned to CPU {c}; server on the remote host"),
-                None => "client not pinned; server on the remote host".into(),
-            },
-        )
-    } else {
-        (c, s, summary)
-    };
-    Placement {
-        mode: mode.into(),
-        client_core: c,
-        server_core: s,
-        allowed_cpus: cpus,
-        summary: format!("{summary} ({} CPUs allowed)", sys::allowed_cpus().len()),
-    }
-}
-
-/// Starts a bench server for `transport` at `addr` on its own pinned thread; returns the
-/// address it listens on and the server's connection counters (for its side of the copies).
-fn spawn_server<T: Transport + Clone>(
-    transport: T,
-    addr: T::Addr,
-    core: Option<usize>,
-    spin: Duration,
-) -> Result<(T::Addr, Arc<proto::ServerCounters>), String> {
-    let counters = Arc::new(proto::ServerCounters::default());
-    let served = counters.clone();
-    let addr = spawn_server_with(transport, addr, core, spin, |l| async move {
-        let _ = proto::serve(l, served).await;
-    })?;
-    Ok((addr, counters))
-}
-
-/// Like [`spawn_server`] with another server loop (`serve` gets the listener). The server's
-/// runtime polls for `spin` before it sleeps (zero: never).
-fn spawn_server_with<T, F, Fut>(
-    transport: T,
-    addr: T::Addr,
-    core: Option<usize>,
-    spin: Duration,
-    serve: F,
-) -> Result<T::Addr, String>
-where
-    T: Transport + Clone,
-    F: FnOnce(T::Listener) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()>,
-{
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name("bench-server".into())
-        .spawn(move || {
-            if let Some(c) = core {
-                if let Err(e) = sys::pin_current_thread(c) {
-                    let _ = tx.send(Err(e));
-                    return;
-                }
-            }
-            let rt = match sys::runtime(spin) {
-                Ok(rt) => rt,
-                Err(e) => {
-                    let _ = tx.send(Err(e.to_string()));
-                    return;
-                }
-            };
-            rt.block_on(async move {
-                let listener = match transport.listen(&addr).await {
-                    Ok(l) => l,
-                    Err(e) => {
-                        let _ = tx.send(Err(format!("listen on {addr}: {e}")));
-                        return;
-                    }
-                };
-                let _ = tx.send(listener.local_addr().map_err(|e| e.to_string()));
-                serve(listener).await;
-            });
-        })
-        .map_err(|e| e.to_string())?;
-    rx.recv()
-        .map_err(|_| "the server thread died".to_string())?
 }
 
 /// Samples a verbs transport's memory use during a run and keeps the sample with the most
@@ -683,14 +216,6 @@ fn verbs_notes(verbs: &VerbsTransport, peak: transport_verbs::MemoryUse) -> Vec<
         notes.push(format!("paths on {}: {}", caps.device, caps.paths(c)));
     }
     notes
-}
-
-/// The verbs transport with the `--verbs-*` settings `args`, and an address of this
-/// machine's RDMA device, or why there is none.
-fn verbs_here(args: &tuning::VerbsArgs) -> Result<(VerbsTransport, SocketAddr), String> {
-    let verbs = VerbsTransport::new(args.config()).map_err(|e| e.to_string())?;
-    let ip = args.local_ip()?;
-    Ok((verbs, SocketAddr::new(ip, 0)))
 }
 
 /// Local mode on a socket transport: starts the in-process bench server of `transport` at
@@ -820,21 +345,6 @@ fn local(args: &RunArgs) -> Result<(), String> {
     }
     progress.finish_and_clear();
     finish(args, place, settings, transports, unavailable, started)
-}
-
-/// A fresh private directory (mode 0700, in the temporary directory) and a socket path inside
-/// it, for the in-process servers of local mode and `bench scenario`: no other user can
-/// predict, pre-create or connect to it. Dropping the directory removes it and its sockets.
-fn local_socket() -> Result<(tempfile::TempDir, PathBuf), String> {
-    use std::os::unix::fs::PermissionsExt;
-    // Explicit: tempfile creates directories with the umask's mode (often 0755) otherwise.
-    let dir = tempfile::Builder::new()
-        .prefix("bench-")
-        .permissions(std::fs::Permissions::from_mode(0o700))
-        .tempdir()
-        .map_err(|e| format!("cannot create a temporary directory for the socket: {e}"))?;
-    let path = dir.path().join("bench.sock");
-    Ok((dir, path))
 }
 
 fn finish(
@@ -1028,70 +538,6 @@ fn server(a: &ServerArgs) -> Result<(), String> {
     })
 }
 
-fn resolve(host: &str) -> Result<SocketAddr, String> {
-    use std::net::ToSocketAddrs;
-    let with_port = if host.parse::<SocketAddr>().is_ok()
-        || host
-            .rsplit_once(':')
-            .is_some_and(|(h, p)| !h.contains(':') && p.parse::<u16>().is_ok())
-    {
-        host.to_string()
-    } else if host.contains(':') {
-        format!("[{host}]:{DEFAULT_PORT}")
-    } else {
-        format!("{host}:{DEFAULT_PORT}")
-    };
-    with_port
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve `{host}`: {e}"))?
-        .next()
-        .ok_or_else(|| format!("`{host}` resolves to no address"))
-}
-
-/// Where `bench client` finds its server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Remote {
-    /// A Unix socket path (`bench server --uds PATH`).
-    Uds(PathBuf),
-    /// TCP or verbs at this address.
-    Ip(RemoteTransport, SocketAddr),
-}
-
-impl Remote {
-    /// `host` with `--transport`: `unix:PATH` means uds; `--transport uds` takes a path with or
-    /// without the prefix; anything else is HOST[:PORT] for tcp (default) or verbs.
-    fn parse(host: &str, transport: Option<RemoteTransport>) -> Result<Remote, String> {
-        let unix = host.strip_prefix("unix:");
-        let uds =
-            transport == Some(RemoteTransport::Uds) || (transport.is_none() && unix.is_some());
-        if uds {
-            let path = unix.unwrap_or(host);
-            if path.is_empty() {
-                return Err("empty Unix socket path: give unix:PATH".into());
-            }
-            return Ok(Remote::Uds(PathBuf::from(path)));
-        }
-        if unix.is_some() {
-            return Err(format!(
-                "`{host}` is a Unix socket: --transport tcp and verbs need HOST[:PORT]"
-            ));
-        }
-        Ok(Remote::Ip(
-            transport.unwrap_or(RemoteTransport::Tcp),
-            resolve(host)?,
-        ))
-    }
-
-    /// Where the server runs, for the placement line.
-    fn server_where(&self) -> &'static str {
-        match self {
-            Remote::Uds(_) => "server in another process on this host",
-            Remote::Ip(_, a) if a.ip().is_loopback() => "server in another process on this host",
-            Remote::Ip(..) => "server on the remote host",
-        }
-    }
-}
-
 fn client(host: &str, transport: Option<RemoteTransport>, args: &RunArgs) -> Result<(), String> {
     if args.rpc_io == RpcIo::Blocking {
         return Err("--rpc-io blocking is measured in local mode only (`bench local`)".into());
@@ -1167,6 +613,8 @@ fn client(host: &str, transport: Option<RemoteTransport>, args: &RunArgs) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::args::{parse_size, resolve, DEFAULT_PORT};
+    use crate::measure::Op;
 
     #[test]
     fn sizes_parse_with_suffixes() {

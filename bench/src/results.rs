@@ -13,6 +13,9 @@ use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+/// How `bench merge` and `bench results write` describe the machine the guest's rows come from.
+pub(crate) const MERGE_MACHINE: &str = "in the soft-RoCE guest under QEMU software emulation";
+
 /// The line that opens the README's generated block.
 pub const BEGIN: &str = "<!-- BEGIN results -->";
 /// The line that closes it.
@@ -628,7 +631,7 @@ pub fn write_from_files(a: &WriteArgs) -> Result<(), String> {
         Some(path) => {
             let g = read(path)?;
             let machine = g.machine.clone();
-            report.merge_emulated(g, crate::MERGE_MACHINE);
+            report.merge_emulated(g, MERGE_MACHINE);
             let perftest = match &a.perftest {
                 Some(p) => std::fs::read_to_string(p)
                     .map_err(|e| format!("{}: {e}", p.display()))?

@@ -12,9 +12,10 @@
 //!
 //! Each prints one table per scenario, or JSON with `--json`, and `--plot FILE.svg` draws it.
 
+use crate::args::{Pin, TransportName};
+use crate::local::placement;
 use crate::plot::{Figure, Line, Marker, Panel, Series, Style, XAxis, YFormat};
 use crate::report::{size_label, Placement, Table, Unavailable};
-use crate::{placement, Pin, TransportName};
 use bench::scenarios::load::{
     run_load, LoadConfig, Mode, Ping, ScenarioHandler, SendBytes, Slow, Stats, Typed, TypedKind,
     Workload,
@@ -106,7 +107,7 @@ pub struct ScenarioArgs {
     #[arg(long, value_parser = parse_seconds)]
     pub seconds: Option<f64>,
     /// Sequence sizes of the typed scenario, encoded bytes (K = 1024, M = 1048576).
-    #[arg(long, value_delimiter = ',', value_parser = crate::parse_size, default_value = "1K,64K,500000")]
+    #[arg(long, value_delimiter = ',', value_parser = crate::args::parse_size, default_value = "1K,64K,500000")]
     pub sizes: Vec<usize>,
     /// Concurrent clients of the clients scenarios (each has its own connection).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=1000), default_value = "10,20,30,50,100")]
@@ -124,7 +125,7 @@ pub struct ScenarioArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=4096))]
     pub in_flight: u16,
     /// Orb scenario: payload of each call (K/M suffixes).
-    #[arg(long, default_value = "64K", value_parser = crate::parse_size)]
+    #[arg(long, default_value = "64K", value_parser = crate::args::parse_size)]
     pub payload: usize,
     /// Framework scenario: number of small (64 B) unary calls per framework.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -246,7 +247,7 @@ pub fn run(args: &ScenarioArgs) -> Result<(), String> {
             TransportName::Uds => {
                 // Every socket of the uds runs in one private directory, removed (with them)
                 // when they end, error or not.
-                let (dir, path) = crate::local_socket()?;
+                let (dir, path) = crate::local::local_socket()?;
                 let uds = UdsTransport::default();
                 let addr = spawn_server(uds.clone(), UdsAddr(path), place.server_core)?;
                 rows.extend(rt.block_on(run_on(&uds, &addr, "uds", &scenarios, args, &progress))?);
@@ -276,7 +277,7 @@ pub fn run(args: &ScenarioArgs) -> Result<(), String> {
                     ))?);
                 }
             }
-            TransportName::Verbs => match crate::verbs_here(&args.verbs) {
+            TransportName::Verbs => match crate::local::verbs_here(&args.verbs) {
                 Ok((verbs, any)) => {
                     let addr = spawn_server(verbs.clone(), any, place.server_core)?;
                     rows.extend(
@@ -343,7 +344,7 @@ fn spawn_server<T: Transport + Clone>(
     core: Option<usize>,
 ) -> Result<T::Addr, String> {
     // No spinning: the scenarios measure many connections per thread.
-    crate::spawn_server_with(
+    crate::local::spawn_server_with(
         transport,
         addr,
         core,

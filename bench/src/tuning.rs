@@ -64,7 +64,7 @@ pub struct VerbsArgs {
     pub verbs_device: Option<String>,
     /// Largest verbs payload sent eagerly, e.g. `32K` (`VerbsConfig::eager_limit`; above it
     /// a rendezvous; it also sizes each receive buffer; default: the library's).
-    #[arg(long, value_parser = crate::parse_bytes)]
+    #[arg(long, value_parser = crate::args::parse_bytes)]
     pub verbs_eager_limit: Option<usize>,
 }
 
