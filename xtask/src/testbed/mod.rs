@@ -41,6 +41,7 @@
 mod fetch;
 mod guest;
 mod initramfs;
+mod modules;
 mod script;
 mod siw;
 pub(crate) mod sys;

@@ -26,7 +26,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::fetch::Fetched;
-use super::initramfs;
+use super::modules;
 use crate::{deps, util};
 
 /// Bump when the recipe changes in a way the other inputs do not show.
@@ -354,9 +354,9 @@ fn point_makefile_inside(makefile: &Path, root: &Path) -> Result<(), String> {
 /// The module must carry the fetched kernel's `vermagic` (the guest's `insmod` refuses it
 /// otherwise): compared with `rdma_rxe.ko`'s.
 fn check_vermagic(f: &Fetched, ko: &Path) -> Result<(), String> {
-    let rxe = initramfs::module_path(f, "rdma_rxe")?;
-    let want = initramfs::modinfo(&rxe, "vermagic")?;
-    let got = initramfs::modinfo(ko, "vermagic")?;
+    let rxe = modules::module_path(f, "rdma_rxe")?;
+    let want = modules::modinfo(&rxe, "vermagic")?;
+    let got = modules::modinfo(ko, "vermagic")?;
     if want.is_some() && want == got {
         Ok(())
     } else {
