@@ -161,7 +161,12 @@ pub enum Step {
 /// The engine must not panic or overflow (debug arithmetic checks) on any input. Returns
 /// the first broken promise.
 pub fn run(steps: &[Step]) -> Result<(), String> {
-    let c = cfg();
+    // Probing a late HELLO on (iWARP's connecting side): the probes come and go among the
+    // hostile steps too.
+    let c = EngineConfig {
+        probe_hello: true,
+        ..cfg()
+    };
     let mut now = Instant::now();
     let mut e: Engine<Bytes> = Engine::new(c.clone(), Arc::new(Metrics::default()), now);
     let mut failed = false;
