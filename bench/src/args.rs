@@ -129,3 +129,53 @@ impl Remote {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(parse_size("1K"), Ok(1024));
+        assert_eq!(parse_size("1M"), Ok(1 << 20));
+        assert_eq!(parse_size("500000"), Ok(500_000));
+        assert!(parse_size("12x").is_err());
+        assert!(parse_size("17M").is_err());
+    }
+
+    /// `bench client` reaches a Unix socket with `unix:PATH` (or `--transport uds PATH`),
+    /// refuses a Unix socket with tcp or verbs, and says where the server is truthfully.
+    #[test]
+    fn client_targets_parse_and_say_where_the_server_is() {
+        let p = |h: &str, t| Remote::parse(h, t);
+        assert_eq!(
+            p("unix:/tmp/b.sock", None),
+            Ok(Remote::Uds("/tmp/b.sock".into()))
+        );
+        assert_eq!(
+            p("/tmp/b.sock", Some(RemoteTransport::Uds)),
+            Ok(Remote::Uds("/tmp/b.sock".into()))
+        );
+        assert!(p("unix:", None).is_err());
+        assert!(p("unix:/tmp/b.sock", Some(RemoteTransport::Tcp)).is_err());
+        assert!(p("unix:/tmp/b.sock", Some(RemoteTransport::Verbs)).is_err());
+        let tcp = p("127.0.0.1", None).unwrap();
+        assert!(matches!(tcp, Remote::Ip(RemoteTransport::Tcp, a) if a.port() == DEFAULT_PORT));
+        assert_eq!(tcp.server_where(), "server in another process on this host");
+        let verbs = p("192.0.2.7:9", Some(RemoteTransport::Verbs)).unwrap();
+        assert!(matches!(verbs, Remote::Ip(RemoteTransport::Verbs, _)));
+        assert_eq!(verbs.server_where(), "server on the remote host");
+        assert_eq!(
+            p("unix:/x", None).unwrap().server_where(),
+            "server in another process on this host"
+        );
+    }
+
+    #[test]
+    fn host_gets_the_default_port() {
+        assert_eq!(resolve("127.0.0.1").unwrap().port(), DEFAULT_PORT);
+        assert_eq!(resolve("127.0.0.1:7").unwrap().port(), 7);
+        assert_eq!(resolve("::1").unwrap().port(), DEFAULT_PORT);
+        assert_eq!(resolve("[::1]:9").unwrap().port(), 9);
+    }
+}

@@ -307,3 +307,129 @@ impl RunArgs {
         pb
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::Op;
+
+    #[test]
+    fn window_bytes_caps_calls_in_flight() {
+        let cli = Cli::try_parse_from(["bench", "--window", "16", "--window-bytes", "2M"]).unwrap();
+        let s = cli.run.settings(None);
+        assert_eq!(s.window_for(Op::Send, 1024), 16);
+        assert_eq!(s.window_for(Op::Send, 256 << 10), 8);
+        assert_eq!(s.window_for(Op::Recv, 500_000), 4);
+        assert_eq!(s.window_for(Op::Oneway, 1 << 20), 2);
+        assert_eq!(s.window_for(Op::Send, 64 << 20), 1, "never below one call");
+        assert_eq!(
+            s.for_verbs().window_for(Op::Send, 1 << 20),
+            2,
+            "given, it applies to verbs too"
+        );
+    }
+
+    #[test]
+    fn an_echo_counts_its_bytes_both_ways_except_on_verbs() {
+        let cli = Cli::try_parse_from(["bench", "--window-bytes", "2M"]).unwrap();
+        let s = cli.run.settings(None);
+        assert_eq!(
+            s.window_for(Op::Echo, 256 << 10),
+            4,
+            "1 MiB out, 1 MiB back"
+        );
+        assert_eq!(s.window_for(Op::Recv, 256 << 10), 8);
+        assert_eq!(s.window_for(Op::Echo, 1 << 20), 1);
+        assert_eq!(
+            s.window_for(Op::Echo, 1024),
+            16,
+            "the call limit still holds"
+        );
+        let verbs = s.for_verbs();
+        assert_eq!(verbs.window_for(Op::Echo, 256 << 10), 8);
+        assert_eq!(verbs.window_for(Op::Echo, 1 << 20), 2);
+    }
+
+    #[test]
+    fn verbs_keeps_more_bytes_in_flight_by_default() {
+        let cli = Cli::try_parse_from(["bench"]).unwrap();
+        let s = cli.run.settings(None);
+        assert_eq!(s.window_for(Op::Send, 1 << 20), 2);
+        let verbs = s.for_verbs();
+        assert_eq!(verbs.window_bytes, suite::verbs_window_bytes_here());
+        assert!(verbs.window_bytes >= s.window_bytes && verbs.window_bytes <= 8 << 20);
+        if transport_verbs::memlock_budget().is_none_or(|b| b >= 64 << 20) {
+            assert_eq!(verbs.window_for(Op::Send, 1 << 20), 8);
+            assert_eq!(verbs.window_for(Op::Echo, 1 << 20), 8);
+        }
+        assert_eq!(
+            verbs.window_for(Op::Send, 64 << 10),
+            16,
+            "the call limit still holds"
+        );
+    }
+
+    /// `bench scenario` takes the verbs polling budget and shared receive queue depth, as
+    /// `bench local` does, into the settings its verbs transport is made with.
+    #[test]
+    fn scenarios_take_the_verbs_settings() {
+        let cli = Cli::try_parse_from([
+            "bench",
+            "scenario",
+            "clients",
+            "--verbs-poll-us",
+            "250",
+            "--verbs-srq-depth",
+            "0",
+            "--verbs-poll-together",
+            "64",
+        ])
+        .unwrap();
+        let Some(Command::Scenario(a)) = cli.command else {
+            panic!("not the scenario command: {cli:?}");
+        };
+        assert_eq!(a.verbs.verbs_poll_us, Some(250));
+        assert_eq!(a.verbs.verbs_srq_depth, Some(0));
+        assert_eq!(a.verbs.verbs_poll_together, Some(64));
+        let c = a.verbs.config();
+        assert_eq!(
+            (c.poll_spin, c.srq_depth, c.poll_together_from),
+            (Duration::from_micros(250), 0, 64)
+        );
+        let Some(Command::Scenario(a)) = Cli::try_parse_from(["bench", "scenario", "clients"])
+            .unwrap()
+            .command
+        else {
+            panic!("not the scenario command");
+        };
+        assert_eq!(a.verbs, tuning::VerbsArgs::default(), "the library's");
+    }
+
+    /// `bench local` and `bench server` take the same tuning flags, each into its own value:
+    /// the runtime's spin and the verbs settings.
+    #[test]
+    fn local_and_server_take_the_tuning_flags() {
+        let flags = ["--spin-us", "7", "--verbs-srq-depth", "0"];
+        let local = Cli::try_parse_from(["bench", "local"].into_iter().chain(flags)).unwrap();
+        let server = Cli::try_parse_from(["bench", "server"].into_iter().chain(flags)).unwrap();
+        let (Some(Command::Local(l)), Some(Command::Server(s))) = (local.command, server.command)
+        else {
+            panic!("not the local and server commands");
+        };
+        assert_eq!(l.tuning, s.tuning);
+        assert_eq!(l.spin(), Duration::from_micros(7));
+        assert_eq!(s.tuning.verbs.config().srq_depth, 0);
+        let Some(Command::Local(d)) = Cli::try_parse_from(["bench", "local"]).unwrap().command
+        else {
+            panic!("not the local command");
+        };
+        assert_eq!(d.tuning.spin_us, tuning::DEFAULT_SPIN_US);
+        assert_eq!(d.tuning.verbs, tuning::VerbsArgs::default());
+    }
+
+    #[test]
+    fn cli_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -148,3 +148,28 @@ pub(crate) fn local_socket() -> Result<(tempfile::TempDir, PathBuf), String> {
     let path = dir.path().join("bench.sock");
     Ok((dir, path))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Local mode's socket is in a fresh directory only this user can enter, removed with it.
+    #[test]
+    fn local_socket_is_in_a_private_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, path) = local_socket().unwrap();
+        let parent = path.parent().unwrap().to_path_buf();
+        assert_eq!(parent, dir.path());
+        assert_ne!(
+            parent,
+            std::env::temp_dir(),
+            "not directly in the shared directory"
+        );
+        let mode = std::fs::metadata(&parent).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+        let (other, _) = local_socket().unwrap();
+        assert_ne!(other.path(), dir.path(), "not predictable from the process");
+        drop(dir);
+        assert!(!parent.exists());
+    }
+}

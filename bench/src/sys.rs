@@ -77,9 +77,8 @@ pub fn rnr_naks_in(root: &std::path::Path) -> Option<u64> {
 pub fn runtime(spin: Duration) -> std::io::Result<tokio::runtime::Runtime> {
     let mut b = tokio::runtime::Builder::new_current_thread();
     b.enable_all();
-    let budget = spin;
-    if !budget.is_zero() {
-        b.on_thread_park(transport_core::spin::park_hook(budget));
+    if !spin.is_zero() {
+        b.on_thread_park(transport_core::spin::park_hook(spin));
     }
     b.build()
 }

@@ -298,7 +298,7 @@ impl VerbsConfig {
             rendezvous_timeout: self.rendezvous_timeout,
             linger: self.linger,
             read_depth: self.read_depth.clamp(1, 255) as u32,
-            probe_hello: iwarp && speaks_first,
+            probe_hello: iwarp,
         }
     }
 

@@ -130,8 +130,8 @@ pub(crate) struct EngineConfig {
     /// RDMA READs this side's queue pair serves at once as their target (its responder
     /// resources), announced in HELLO: the peer keeps no more in flight towards it.
     pub(crate) read_depth: u32,
-    /// Probe a late HELLO of the peer ([`Work::Probe`]): set on iWARP for the side that
-    /// speaks first.
+    /// The transport is iWARP: the side that speaks first probes a late HELLO of the peer
+    /// ([`Work::Probe`]); the engine checks `speaks_first` itself.
     pub(crate) probe_hello: bool,
 }
 

@@ -9,6 +9,11 @@ use super::hostile::{bound, cfg, encode, hello, Buf, HostileMsg, Step as Hostile
 
 type E = Engine<Bytes>;
 
+/// An engine with these settings and metrics of its own, started at `now`.
+fn engine_with(cfg: EngineConfig, now: Instant) -> E {
+    E::new(cfg, Arc::new(Metrics::default()), now)
+}
+
 fn eager(payload: &[u8]) -> Buf {
     let mut th = Th::new(Kind::Eager);
     th.len = payload.len() as u64;
@@ -58,7 +63,7 @@ fn drain(e: &mut E) -> Vec<Work<Bytes>> {
 /// An engine that has sent its HELLO and received the peer's (granting `DEPTH - 1` credits).
 fn connected() -> (E, Instant) {
     let now = Instant::now();
-    let mut e = E::new(cfg(), Arc::new(Metrics::default()), now);
+    let mut e = engine_with(cfg(), now);
     let w = drain(&mut e);
     assert_eq!(w.iter().map(kind_of).collect::<Vec<_>>(), ["HELLO"]);
     e.on_recv(encode(hello(DEPTH as u16 - 1), &[], &[]))
@@ -79,7 +84,7 @@ fn violation(r: Result<Option<Buf>, VerbsError>) -> ProtocolViolation {
 #[test]
 fn hello_is_sent_first_and_announces_our_limits() {
     let now = Instant::now();
-    let mut e = E::new(cfg(), Arc::new(Metrics::default()), now);
+    let mut e = engine_with(cfg(), now);
     let Some(Work::Control(th)) = e.poll_work() else {
         panic!("HELLO first")
     };
@@ -110,7 +115,7 @@ fn the_accepting_side_says_hello_only_after_the_peers() {
         speaks_first: false,
         ..cfg()
     };
-    let mut e = E::new(passive, Arc::new(Metrics::default()), now);
+    let mut e = engine_with(passive, now);
     assert!(
         drain(&mut e).is_empty(),
         "nothing goes out before the peer's HELLO"
@@ -120,12 +125,11 @@ fn the_accepting_side_says_hello_only_after_the_peers() {
     let w = drain(&mut e);
     assert_eq!(w.iter().map(kind_of).collect::<Vec<_>>(), ["HELLO"]);
     // Without the peer's HELLO it still times out like the active side.
-    let mut silent = E::new(
+    let mut silent = engine_with(
         EngineConfig {
             speaks_first: false,
             ..cfg()
         },
-        Arc::new(Metrics::default()),
         now,
     );
     assert!(silent
@@ -146,7 +150,7 @@ fn on_iwarp_a_late_hello_is_probed_at_doubling_gaps_until_it_comes() {
         probe_hello: true,
         ..cfg()
     };
-    let mut e = E::new(iwarp, Arc::new(Metrics::default()), now);
+    let mut e = engine_with(iwarp, now);
     assert_eq!(step_at(&mut e, now), ["HELLO"]);
     let first = now + HELLO_PROBE_FIRST;
     assert_eq!(e.poll_timeout(), Some(first), "the first probe's time");
@@ -169,7 +173,7 @@ fn on_iwarp_a_late_hello_is_probed_at_doubling_gaps_until_it_comes() {
 fn no_probe_off_iwarp_or_from_the_accepting_side() {
     let now = Instant::now();
     let later = now + Duration::from_secs(5);
-    let mut off_iwarp = E::new(cfg(), Arc::new(Metrics::default()), now);
+    let mut off_iwarp = engine_with(cfg(), now);
     assert_eq!(step_at(&mut off_iwarp, now), ["HELLO"]);
     assert_eq!(
         off_iwarp.poll_timeout(),
@@ -181,7 +185,7 @@ fn no_probe_off_iwarp_or_from_the_accepting_side() {
         speaks_first: false,
         ..cfg()
     };
-    let mut e = E::new(accepting, Arc::new(Metrics::default()), now);
+    let mut e = engine_with(accepting, now);
     assert_eq!(e.poll_timeout(), Some(now + Duration::from_secs(10)));
     assert!(step_at(&mut e, later).is_empty());
 }
@@ -212,7 +216,7 @@ fn a_malformed_message_is_a_violation() {
 #[test]
 fn a_message_before_hello_is_a_violation() {
     let now = Instant::now();
-    let mut e = E::new(cfg(), Arc::new(Metrics::default()), now);
+    let mut e = engine_with(cfg(), now);
     assert_eq!(
         violation(e.on_recv(eager(b"early"))),
         ProtocolViolation::BeforeHello { kind: "EAGER" }
@@ -232,7 +236,7 @@ fn a_second_hello_is_a_violation() {
 fn hello_fields_are_checked() {
     let check = |edit: &dyn Fn(&mut Th), want: &dyn Fn(&ProtocolViolation) -> bool| {
         let now = Instant::now();
-        let mut e = E::new(cfg(), Arc::new(Metrics::default()), now);
+        let mut e = engine_with(cfg(), now);
         let mut th = hello(1);
         edit(&mut th);
         let v = violation(e.on_recv(encode(th, &[], &[])));
@@ -456,7 +460,7 @@ fn data_after_close_is_a_violation() {
 #[test]
 fn a_peer_that_never_says_hello_times_out() {
     let now = Instant::now();
-    let mut e = E::new(cfg(), Arc::new(Metrics::default()), now);
+    let mut e = engine_with(cfg(), now);
     assert_eq!(e.poll_timeout(), Some(now + Duration::from_secs(10)));
     e.handle_timeout(now + Duration::from_secs(9))
         .expect("not yet");
@@ -556,7 +560,7 @@ fn eager_traffic_never_needs_the_clock() {
 fn no_more_reads_in_flight_than_the_peer_serves() {
     // The window allows two READs; the peer's queue pair serves one at a time.
     let now = Instant::now();
-    let mut e = E::new(cfg(), Arc::new(Metrics::default()), now);
+    let mut e = engine_with(cfg(), now);
     drain(&mut e);
     let th = Th {
         credits: DEPTH as u16 - 1,
@@ -731,7 +735,7 @@ impl Side {
     fn new(now: Instant, c: EngineConfig) -> Side {
         Side {
             posted: c.recv_depth,
-            e: E::new(c, Arc::new(Metrics::default()), now),
+            e: engine_with(c, now),
             inbox: VecDeque::new(),
             exposed: HashMap::new(),
             next_addr: 0x1000_0000,
@@ -1215,7 +1219,7 @@ fn send_now_takes_a_message_only_when_the_queue_would_send_it_at_once() {
         len: n,
         payload: Bytes::from(vec![7u8; n]),
     };
-    let mut fresh = E::new(cfg(), Arc::new(Metrics::default()), Instant::now());
+    let mut fresh = engine_with(cfg(), Instant::now());
     assert!(fresh.send_now(0, 1).is_none(), "before the peer's HELLO");
 
     let (mut e, _) = connected();
@@ -1315,7 +1319,7 @@ fn recv_small_applies_what_on_recv_would() {
 /// application that is behind, and every violation (which `on_recv` then reports).
 #[test]
 fn recv_small_declines_and_changes_nothing_it_does_not_handle() {
-    let mut fresh = E::new(cfg(), Arc::new(Metrics::default()), Instant::now());
+    let mut fresh = engine_with(cfg(), Instant::now());
     assert!(
         fresh.recv_small(&eager(b"x").0).is_none(),
         "before the HELLO"
