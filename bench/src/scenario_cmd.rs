@@ -6,7 +6,7 @@
 //! bench scenario clients       10, 20, 30, 50, 100 concurrent clients, trivial handler
 //! bench scenario slow-clients  the same with a handler that takes 500 ms (a timer, no CPU)
 //! bench scenario orb           "one call per connection, five connections" vs the pipelined default
-//! bench scenario framework     gRPC (tonic over the byte-stream adapter) vs native RPC, same transport
+//! bench scenario framework     gRPC (tonic over the byte-stream adapter) and tarpc on messages vs native RPC
 //! bench scenario all           every scenario above
 //! ```
 //!
@@ -49,7 +49,8 @@ pub enum ScenarioName {
     SlowClients,
     /// The client's connection / in-flight shape: classic ORB pool vs pipelined.
     Orb,
-    /// What a framework costs: gRPC (tonic over `transport-stream`) vs native RPC.
+    /// What a framework costs: gRPC (tonic over `transport-stream`) and tarpc (on
+    /// `transport-tarpc`) vs native RPC.
     Framework,
     /// Every scenario.
     All,
@@ -192,6 +193,13 @@ pub struct FrameworkRow {
     pub large_mb_per_s: (f64, f64),
     /// gRPC / native, small and large.
     pub ratio: (f64, f64),
+    /// tarpc on the transport's messages (`transport-tarpc`): small calls/s, large MB/s.
+    pub tarpc: (f64, f64),
+    /// tarpc on messages / native, small and large.
+    pub tarpc_ratio: (f64, f64),
+    /// tarpc on its own `serde_transport` over loopback TCP (bincode), small calls/s and large
+    /// MB/s: measured on the tcp row only, the framework with the I/O it ships with.
+    pub tarpc_serde_tcp: Option<(f64, f64)>,
 }
 
 /// The whole scenario run.
@@ -516,7 +524,8 @@ async fn run_on<T: Transport>(
     Ok(cx.rows)
 }
 
-/// gRPC (tonic over the byte-stream adapter) vs native RPC on one transport, with
+/// gRPC (tonic over the byte-stream adapter) and tarpc on messages vs native RPC on one
+/// transport (and, on tcp, tarpc's own serde_transport), with
 /// `grpc_demo::compare`: one connection, one call in flight.
 async fn compare_frameworks<T: Transport>(
     name: &'static str,
@@ -534,12 +543,23 @@ async fn compare_frameworks<T: Transport>(
     let c = grpc_demo::compare::compare(name, transport, addr, &cfg)
         .await
         .map_err(|e| format!("{name} framework: {e}"))?;
+    let tarpc_serde_tcp = if name == "tcp" {
+        let s = grpc_demo::tarpc_echo::measure_tarpc_serde_tcp(&cfg)
+            .await
+            .map_err(|e| format!("tarpc serde_transport over tcp: {e}"))?;
+        Some((s.small_calls_per_s, s.large_mb_per_s))
+    } else {
+        None
+    };
     progress.inc(1);
     Ok(FrameworkRow {
         transport: name,
         small_calls_per_s: (c.grpc.small_calls_per_s, c.native.small_calls_per_s),
         large_mb_per_s: (c.grpc.large_mb_per_s, c.native.large_mb_per_s),
         ratio: (c.small_ratio(), c.large_ratio()),
+        tarpc: (c.tarpc.small_calls_per_s, c.tarpc.large_mb_per_s),
+        tarpc_ratio: (c.tarpc_small_ratio(), c.tarpc_large_ratio()),
+        tarpc_serde_tcp,
     })
 }
 
@@ -579,6 +599,42 @@ pub fn render(r: &ScenarioReport) -> String {
                             format!("{:.1}", f.large_mb_per_s.1),
                             format!("{:.2}x", f.ratio.0),
                             format!("{:.2}x", f.ratio.1),
+                        ]
+                    })
+                    .collect(),
+            );
+            let _ = writeln!(
+                out,
+                "\ntarpc on messages (transport-tarpc) vs native RPC, and tarpc's own serde_transport over tcp"
+            );
+            table(
+                &mut out,
+                &[
+                    "transport",
+                    "64 B calls/s tarpc",
+                    "1 MiB echo MB/s tarpc",
+                    "tarpc/native small",
+                    "large",
+                    "serde_transport calls/s",
+                    "MB/s",
+                ],
+                1,
+                r.framework
+                    .iter()
+                    .map(|f| {
+                        let serde = |x: fn(&(f64, f64)) -> f64, digits: usize| {
+                            f.tarpc_serde_tcp
+                                .as_ref()
+                                .map_or("-".to_string(), |s| format!("{:.*}", digits, x(s)))
+                        };
+                        vec![
+                            f.transport.to_string(),
+                            format!("{:.0}", f.tarpc.0),
+                            format!("{:.1}", f.tarpc.1),
+                            format!("{:.2}x", f.tarpc_ratio.0),
+                            format!("{:.2}x", f.tarpc_ratio.1),
+                            serde(|s| s.0, 0),
+                            serde(|s| s.1, 1),
                         ]
                     })
                     .collect(),
@@ -790,7 +846,7 @@ fn table(out: &mut String, head: &[&str], left: usize, rows: Vec<Vec<String>>) {
 /// ticks and legend of [`crate::plot`]): typed: echo Mbit/s vs encoded size (log scale),
 /// one colour per transport and one line style per payload kind; clients and slow-clients:
 /// calls completed vs concurrent clients per transport; structured and orb: calls/s bars
-/// per mode or client shape and transport; framework: gRPC and native bars per transport,
+/// per mode or client shape and transport; framework: gRPC, tarpc and native bars per transport,
 /// 64 B calls/s beside 1 MiB echo MB/s.
 pub fn write_svg(r: &ScenarioReport, path: &Path) -> Result<(), String> {
     let names: Vec<&str> = r.scenarios.iter().map(|s| s.label()).collect();
@@ -962,8 +1018,9 @@ fn plot_row(r: &ScenarioReport, scenario: ScenarioName) -> Option<Vec<Panel>> {
         }
         ScenarioName::Framework => {
             let names: Vec<String> = r.framework.iter().map(|f| f.transport.into()).collect();
-            let two = |f: &dyn Fn(&FrameworkRow) -> (f64, f64)| {
-                [("gRPC", 4), ("native", 2)]
+            // Per row: gRPC, tarpc on messages, native.
+            let bars = |f: &dyn Fn(&FrameworkRow) -> [f64; 3]| {
+                [("gRPC", 4), ("tarpc", 3), ("native", 2)]
                     .into_iter()
                     .enumerate()
                     .map(|(k, (label, c))| Series {
@@ -973,10 +1030,7 @@ fn plot_row(r: &ScenarioReport, scenario: ScenarioName) -> Option<Vec<Panel>> {
                             .framework
                             .iter()
                             .enumerate()
-                            .map(|(i, row)| {
-                                let v = f(row);
-                                (i as f64, if k == 0 { v.0 } else { v.1 })
-                            })
+                            .map(|(i, row)| (i as f64, f(row)[k]))
                             .collect(),
                     })
                     .collect::<Vec<_>>()
@@ -988,14 +1042,14 @@ fn plot_row(r: &ScenarioReport, scenario: ScenarioName) -> Option<Vec<Panel>> {
                     x.clone(),
                     "transport",
                     "calls/s",
-                    two(&|f| f.small_calls_per_s),
+                    bars(&|f| [f.small_calls_per_s.0, f.tarpc.0, f.small_calls_per_s.1]),
                 ),
                 panel(
                     "framework: 1 MiB unary echo, MB/s".into(),
                     x,
                     "transport",
                     "MB/s",
-                    two(&|f| f.large_mb_per_s),
+                    bars(&|f| [f.large_mb_per_s.0, f.tarpc.1, f.large_mb_per_s.1]),
                 ),
             ]
         }
@@ -1062,6 +1116,9 @@ mod tests {
                 small_calls_per_s: (1000.0, 40_000.0),
                 large_mb_per_s: (150.0, 750.0),
                 ratio: (0.03, 0.2),
+                tarpc: (12_000.0, 500.0),
+                tarpc_ratio: (0.3, 0.67),
+                tarpc_serde_tcp: None,
             }],
             unavailable: vec![Unavailable {
                 transport: "verbs".into(),
@@ -1082,6 +1139,10 @@ uds            100     100000   200000    0.010   0.020                  999-100
 what a framework costs: gRPC (tonic over transport-stream) vs native RPC, one call in flight
 transport  64 B calls/s gRPC  native  1 MiB echo MB/s gRPC  native  gRPC/native small  large
 uds                     1000   40000                 150.0   750.0              0.03x  0.20x
+
+tarpc on messages (transport-tarpc) vs native RPC, and tarpc's own serde_transport over tcp
+transport  64 B calls/s tarpc  1 MiB echo MB/s tarpc  tarpc/native small  large  serde_transport calls/s  MB/s
+uds                     12000                  500.0               0.30x  0.67x                        -     -
 
 wall time 1.0 s
 ";
@@ -1152,6 +1213,9 @@ wall time 1.0 s
                 small_calls_per_s: (1000.0, 40_000.0),
                 large_mb_per_s: (150.0, 750.0),
                 ratio: (0.025, 0.2),
+                tarpc: (12_000.0, 500.0),
+                tarpc_ratio: (0.3, 0.67),
+                tarpc_serde_tcp: Some((11_000.0, 450.0)),
             }],
             unavailable: Vec::new(),
             wall_seconds: 1.0,
@@ -1169,6 +1233,7 @@ wall time 1.0 s
             "uds clients",
             "tcp clients",
             "gRPC",
+            "tarpc",
             "native",
         ] {
             assert!(has(l), "no legend {l:?} in {labels:?}");

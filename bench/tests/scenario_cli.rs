@@ -163,7 +163,7 @@ fn plot_is_svg_and_verbs_absence_is_reported() {
 }
 
 #[test]
-fn framework_scenario_compares_grpc_with_native_rpc() {
+fn framework_scenario_compares_grpc_and_tarpc_with_native_rpc() {
     let v = json(&bench(&[
         "scenario",
         "framework",
@@ -178,8 +178,18 @@ fn framework_scenario_compares_grpc_with_native_rpc() {
     let f = v["framework"].as_array().unwrap();
     assert_eq!(f.len(), 1, "{v}");
     assert_eq!(f[0]["transport"], "uds");
-    for k in ["small_calls_per_s", "large_mb_per_s", "ratio"] {
+    for k in [
+        "small_calls_per_s",
+        "large_mb_per_s",
+        "ratio",
+        "tarpc",
+        "tarpc_ratio",
+    ] {
         let pair = f[0][k].as_array().unwrap();
         assert!(pair.iter().all(|x| x.as_f64().unwrap() > 0.0), "{k}: {v}");
     }
+    assert!(
+        f[0]["tarpc_serde_tcp"].is_null(),
+        "measured on tcp only: {v}"
+    );
 }

@@ -1,4 +1,5 @@
-//! gRPC-over-transport vs the native RPC layer on the same transport: what the framework costs.
+//! gRPC-over-transport and tarpc-on-messages vs the native RPC layer on the same transport:
+//! what a framework costs.
 //!
 //! Both sides run the same two workloads on one connection, in the same process, one after the
 //! other: a small unary echo (calls/s) and a large unary echo (MB/s, payload bytes counted once
@@ -64,6 +65,8 @@ pub struct Comparison {
     pub grpc: Figures,
     /// transport-core RPC.
     pub native: Figures,
+    /// tarpc over the transport's messages ([`transport_tarpc`]).
+    pub tarpc: Figures,
 }
 
 impl Comparison {
@@ -74,6 +77,14 @@ impl Comparison {
     /// gRPC / native for the large call.
     pub fn large_ratio(&self) -> f64 {
         self.grpc.large_mb_per_s / self.native.large_mb_per_s
+    }
+    /// tarpc / native for the small call.
+    pub fn tarpc_small_ratio(&self) -> f64 {
+        self.tarpc.small_calls_per_s / self.native.small_calls_per_s
+    }
+    /// tarpc / native for the large call.
+    pub fn tarpc_large_ratio(&self) -> f64 {
+        self.tarpc.large_mb_per_s / self.native.large_mb_per_s
     }
 }
 
@@ -99,19 +110,32 @@ impl fmt::Display for Comparison {
         };
         row(f, "gRPC (tonic)", &self.grpc)?;
         row(f, "native RPC", &self.native)?;
-        write!(
+        row(f, "tarpc (msgs)", &self.tarpc)?;
+        writeln!(
             f,
             "{:<9} {:<12} {:>21.2} x {:>26.2} x",
             self.transport,
             "gRPC/native",
             self.small_ratio(),
             self.large_ratio()
+        )?;
+        write!(
+            f,
+            "{:<9} {:<12} {:>21.2} x {:>26.2} x",
+            self.transport,
+            "tarpc/native",
+            self.tarpc_small_ratio(),
+            self.tarpc_large_ratio()
         )
     }
 }
 
 /// Runs `calls` calls of `call` with `concurrency` in flight; returns the elapsed time.
-async fn drive<F, Fut>(calls: usize, concurrency: usize, call: F) -> Result<Duration, Error>
+pub(crate) async fn drive<F, Fut>(
+    calls: usize,
+    concurrency: usize,
+    call: F,
+) -> Result<Duration, Error>
 where
     F: Fn() -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = Result<(), Error>> + Send,
@@ -135,7 +159,7 @@ where
     Ok(start.elapsed())
 }
 
-fn figures(cfg: &CompareConfig, small: Duration, large: Duration) -> Figures {
+pub(crate) fn figures(cfg: &CompareConfig, small: Duration, large: Duration) -> Figures {
     Figures {
         small_calls_per_s: cfg.small_calls as f64 / small.as_secs_f64(),
         large_mb_per_s: (cfg.large_size * cfg.large_calls) as f64 / 1e6 / large.as_secs_f64(),
@@ -276,14 +300,15 @@ pub async fn measure_native<T: Transport>(
     Ok(figures(cfg, small, large))
 }
 
-fn check(got: &Bytes, want: &Bytes) -> Result<(), Error> {
+pub(crate) fn check(got: &Bytes, want: &Bytes) -> Result<(), Error> {
     if got.len() != want.len() {
         return Err(format!("echo returned {} bytes, sent {}", got.len(), want.len()).into());
     }
     Ok(())
 }
 
-/// Measures gRPC then native RPC on `transport`; `addr` gives a fresh listen address per server.
+/// Measures gRPC, native RPC, then tarpc on `transport`'s messages; `addr` gives a fresh
+/// listen address per server.
 pub async fn compare<T: Transport>(
     name: &str,
     transport: T,
@@ -292,11 +317,13 @@ pub async fn compare<T: Transport>(
 ) -> Result<Comparison, Error> {
     let transport = Arc::new(transport);
     let grpc = measure_grpc(transport.clone(), addr(), cfg).await?;
-    let native = measure_native(transport, addr(), cfg).await?;
+    let native = measure_native(transport.clone(), addr(), cfg).await?;
+    let tarpc = crate::tarpc_echo::measure_tarpc(transport, addr(), cfg).await?;
     Ok(Comparison {
         transport: name.to_string(),
         config: cfg.clone(),
         grpc,
         native,
+        tarpc,
     })
 }

@@ -7,8 +7,10 @@
 //!   `transport-stream` byte-stream adapter;
 //! - [`native`]: the same service on the transport-core RPC layer ([`transport_core::rpc`]),
 //!   where each call is one message each way;
+//! - [`tarpc_echo`]: the unary echo as a tarpc service, over transport-core's messages with
+//!   [`transport_tarpc`] and over tarpc's own `serde_transport`;
 //!
-//! and [`compare`], which measures both on the same transport (calls/s of a small unary call,
+//! and [`compare`], which measures them on the same transport (calls/s of a small unary call,
 //! MB/s of a large one) so the cost of the framework shows up next to the transport's.
 //! The binary `grpc-vs-native` prints that comparison for uds and tcp.
 //!
@@ -31,6 +33,7 @@
 pub mod compare;
 pub mod grpc;
 pub mod native;
+pub mod tarpc_echo;
 
 /// The generated protobuf messages and tonic client/server of `proto/echo.proto`.
 #[allow(missing_docs, clippy::all)]

@@ -6,7 +6,7 @@ use grpc_demo::compare::{compare, table_header, CompareConfig};
 use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
 
-/// Measures what the gRPC framework costs over each transport, next to the native RPC layer.
+/// Measures what the gRPC and tarpc frameworks cost over each transport, next to the native RPC layer.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -57,7 +57,7 @@ async fn run(args: Args) -> Result<(), grpc_demo::compare::Error> {
         concurrency: args.concurrency,
     };
     println!(
-        "gRPC vs native RPC, one connection, {} call(s) in flight, client and server in one process",
+        "gRPC and tarpc vs native RPC, one connection, {} call(s) in flight, client and server in one process",
         cfg.concurrency
     );
     println!("{}", table_header(&cfg));
@@ -107,6 +107,11 @@ async fn run(args: Args) -> Result<(), grpc_demo::compare::Error> {
             println!(
                 "{:<9} {:<12} {:>15.0} calls/s {:>21.1} MB/s   (tonic's own TcpStream, no adapter)",
                 "tcp", "gRPC plain", plain.small_calls_per_s, plain.large_mb_per_s
+            );
+            let serde = grpc_demo::tarpc_echo::measure_tarpc_serde_tcp(&cfg).await?;
+            println!(
+                "{:<9} {:<12} {:>15.0} calls/s {:>21.1} MB/s   (tarpc's own serde_transport, bincode)",
+                "tcp", "tarpc serde", serde.small_calls_per_s, serde.large_mb_per_s
             );
         }
     }

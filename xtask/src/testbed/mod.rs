@@ -447,6 +447,7 @@ fn two_hosts(args: &[String]) -> Result<(), String> {
 /// as their uds/tcp cases): (package, test target).
 const VERBS_VARIANT_TESTS: &[(&str, &str)] = &[
     ("transport-stream", "stream"),
+    ("transport-tarpc", "tarpc"),
     ("grpc-demo", "grpc"),
     ("bench", "scenarios"),
 ];
@@ -977,6 +978,8 @@ const MIN_PASSED: &[(&str, u64)] = &[
     // transport-stream's byte-stream cases and grpc-demo's tonic + native cases, `verbs::` only.
     ("test:stream-", 9),
     ("test:grpc-", 7),
+    // transport-tarpc's cases (tarpc on the transport's messages), `verbs::` only.
+    ("test:tarpc-", 6),
     // bench's middleware-scenario plumbing (typed payloads, many clients, ORB shape).
     ("test:scenarios-", 5),
     // transport-verbs' hostile-peer cases (lengths, RTS flood, eager flood, no HELLO, no FIN,
