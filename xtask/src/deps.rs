@@ -9,6 +9,10 @@ use std::process::Command;
 /// (libclang) and cmake at build time. rdma-core itself is loaded at run time only.
 pub const BUILD_PACKAGES: &[&str] = &["cmake", "libclang-dev", "pkg-config"];
 
+/// Debian packages the tests need beyond the build: valgrind, whose memcheck runs the C
+/// examples of `transport-ffi` (`TRANSPORT_FFI_MEMCHECK=1`).
+pub const TEST_PACKAGES: &[&str] = &["valgrind"];
+
 /// Makes sure [`BUILD_PACKAGES`] are present.
 pub fn ensure_build_deps() -> Result<(), String> {
     ensure_packages(BUILD_PACKAGES)

@@ -61,7 +61,7 @@ fn print_help() {
          commands:\n  \
          bench [ARGS]   install build dependencies, then `cargo run --release -p bench -- ARGS`; without\n                 an RDMA device, then the verbs rows in the soft-RoCE guest (--no-guest: not)\n  \
          bench --record the fixed comparison, recorded as docs/results/ (page, JSON, plot) and the\n                 README's results block\n  \
-         test           install dependencies, then fmt + clippy + workspace tests + `bench soak` (uds, tcp) +\n                 the fuzz targets (60 s each) + verbs suite in the soft-RoCE guest + `profile --smoke --ops ping`\n  \
+         test           install dependencies (valgrind too), then fmt + clippy + workspace tests + `bench soak` (uds, tcp) +\n                 the fuzz targets (60 s each) + verbs suite in the soft-RoCE guest + `profile --smoke --ops ping`\n  \
          deps           install (as root) or list (otherwise) the system packages the build needs\n  \
          profile        instructions per message (callgrind), client and server, uds/tcp here, verbs in\n                 the guest (`cargo xtask profile --help`)\n  \
          fuzz           the libFuzzer targets in fuzz/ (frame decoder, RPC server, verbs engine), 60 s
@@ -79,6 +79,10 @@ const TEST_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(20 *
 fn run_tests(args: &[String]) -> Result<(), String> {
     let skip_verbs = args.iter().any(|a| a == "--no-verbs");
     deps::ensure_build_deps()?;
+    deps::ensure_packages(deps::TEST_PACKAGES)?;
+    // The C examples of transport-ffi run under memcheck; a missing valgrind fails them
+    // instead of running them unchecked. Set before any thread or child exists.
+    std::env::set_var("TRANSPORT_FFI_MEMCHECK", "1");
     util::run("cargo", &["fmt", "--all", "--check"])?;
     docs::run()?;
     util::run(

@@ -1,0 +1,348 @@
+//! The objects behind the C handles, in safe Rust: each backend's connection, listener, RPC
+//! client and server behind one object-safe trait, driven by blocking on the handle's runtime.
+
+use crate::status::{tp_status, Failure};
+use crate::uri::Endpoint;
+use bytes::{BufMut, Bytes};
+use std::ffi::CString;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::runtime::Runtime;
+use transport_core::rpc::{CallOptions, ClientConfig, Handler, RpcClient, RpcServer};
+use transport_core::rpc::{ServerConfig, Status};
+use transport_core::{
+    BufferPool, Connection, Listener, Message, MessageReceiver, MessageSender, SendBuffer,
+    Transport,
+};
+use transport_tcp::{TcpConfig, TcpTransport};
+use transport_uds::{UdsConfig, UdsTransport};
+use transport_verbs::{VerbsConfig, VerbsTransport};
+
+/// Settings for opening a transport (`tp_settings`); fields the caller's header does not know
+/// (its `size` is smaller) keep their defaults.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Settings {
+    /// Largest message, header + payload; `None`: the transport's default.
+    pub(crate) max_message_size: Option<usize>,
+}
+
+/// Runs `fut` to its end on `rt`, from a thread that is not one of a runtime's: a blocking
+/// call from inside a handler (a runtime thread) is refused instead of panicking. Inlined:
+/// the future is moved once, into the runtime's `block_on`, not through this frame too.
+#[inline(always)]
+pub(crate) fn block_on<F: Future>(rt: &Runtime, fut: F) -> Result<F::Output, Failure> {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return Err(Failure::new(
+            tp_status::TP_ERR_UNSUPPORTED,
+            "a blocking call from a runtime thread (inside a tp_rpc_handler?)",
+        ));
+    }
+    Ok(rt.block_on(fut))
+}
+
+/// `fut` within `timeout` (`None`: no limit).
+async fn within<F: Future>(timeout: Option<Duration>, fut: F) -> Result<F::Output, Failure> {
+    match timeout {
+        None => Ok(fut.await),
+        Some(d) => tokio::time::timeout(d, fut).await.map_err(|_| {
+            Failure::new(
+                tp_status::TP_ERR_TIMED_OUT,
+                format!("no result within {} ms", d.as_millis()),
+            )
+        }),
+    }
+}
+
+/// A connection of any backend.
+pub(crate) trait AnyConn: Send + Sync {
+    fn send(&self, rt: &Runtime, msg: Message, timeout: Option<Duration>) -> Result<(), Failure>;
+    fn recv(&self, rt: &Runtime, timeout: Option<Duration>) -> Result<Option<Message>, Failure>;
+    fn close(&self, rt: &Runtime) -> Result<(), Failure>;
+    fn pool(&self) -> &Arc<dyn BufferPool>;
+    fn max_message_size(&self) -> usize;
+}
+
+/// A connection's halves, each behind its own lock: one thread may send while another
+/// receives.
+struct Halves<C: Connection> {
+    tx: tokio::sync::Mutex<C::Sender>,
+    rx: tokio::sync::Mutex<C::Receiver>,
+    pool: Arc<dyn BufferPool>,
+    max: usize,
+}
+
+impl<C: Connection> Halves<C> {
+    fn new(conn: C) -> Halves<C> {
+        let (tx, rx) = conn.split();
+        Halves {
+            pool: tx.buffer_pool(),
+            max: tx.max_message_size(),
+            tx: tokio::sync::Mutex::new(tx),
+            rx: tokio::sync::Mutex::new(rx),
+        }
+    }
+}
+
+impl<C: Connection> AnyConn for Halves<C>
+where
+    C::Sender: Sync,
+    C::Receiver: Sync,
+{
+    fn send(&self, rt: &Runtime, msg: Message, timeout: Option<Duration>) -> Result<(), Failure> {
+        if msg.len() > self.max {
+            return Err(Failure::new(
+                tp_status::TP_ERR_TOO_LARGE,
+                format!(
+                    "a {}-byte message over the limit of {}",
+                    msg.len(),
+                    self.max
+                ),
+            ));
+        }
+        block_on(rt, async {
+            let mut tx = self.tx.lock().await;
+            within(timeout, tx.send(msg)).await?.map_err(Failure::from)
+        })?
+    }
+
+    fn recv(&self, rt: &Runtime, timeout: Option<Duration>) -> Result<Option<Message>, Failure> {
+        block_on(rt, async {
+            let mut rx = self.rx.lock().await;
+            within(timeout, rx.recv()).await?.map_err(Failure::from)
+        })?
+    }
+
+    fn close(&self, rt: &Runtime) -> Result<(), Failure> {
+        block_on(rt, async { self.tx.lock().await.close().await })?.map_err(Failure::from)
+    }
+
+    fn pool(&self) -> &Arc<dyn BufferPool> {
+        &self.pool
+    }
+
+    fn max_message_size(&self) -> usize {
+        self.max
+    }
+}
+
+/// A listener of any backend.
+pub(crate) trait AnyListener: Send + Sync {
+    fn accept(&self, rt: &Runtime, timeout: Option<Duration>) -> Result<Box<dyn AnyConn>, Failure>;
+}
+
+struct Lst<L: Listener>(tokio::sync::Mutex<L>);
+
+impl<L: Listener> AnyListener for Lst<L>
+where
+    <L::Connection as Connection>::Sender: Sync,
+    <L::Connection as Connection>::Receiver: Sync,
+{
+    fn accept(&self, rt: &Runtime, timeout: Option<Duration>) -> Result<Box<dyn AnyConn>, Failure> {
+        let conn = block_on(rt, async {
+            let mut l = self.0.lock().await;
+            within(timeout, l.accept()).await
+        })??;
+        Ok(Box::new(Halves::new(conn?)))
+    }
+}
+
+/// An RPC client of any backend.
+pub(crate) trait AnyRpcClient: Send + Sync {
+    fn call(
+        &self,
+        rt: &Runtime,
+        method: u32,
+        payload: &[u8],
+        timeout: Option<Duration>,
+    ) -> Result<Bytes, Failure>;
+    fn oneway(&self, rt: &Runtime, method: u32, payload: &[u8]) -> Result<(), Failure>;
+    fn close(&self, rt: &Runtime) -> Result<(), Failure>;
+}
+
+impl<S: MessageSender + Sync> AnyRpcClient for RpcClient<S> {
+    fn call(
+        &self,
+        rt: &Runtime,
+        method: u32,
+        payload: &[u8],
+        timeout: Option<Duration>,
+    ) -> Result<Bytes, Failure> {
+        let payload = copy_in(self.alloc(payload.len()), payload);
+        let opts = CallOptions { deadline: timeout };
+        block_on(rt, self.call_with(method, payload, opts))?.map_err(Failure::from)
+    }
+
+    fn oneway(&self, rt: &Runtime, method: u32, payload: &[u8]) -> Result<(), Failure> {
+        let payload = copy_in(self.alloc(payload.len()), payload);
+        block_on(rt, RpcClient::oneway(self, method, payload))?.map_err(Failure::from)
+    }
+
+    fn close(&self, rt: &Runtime) -> Result<(), Failure> {
+        block_on(rt, RpcClient::close(self))?.map_err(Failure::from)
+    }
+}
+
+/// `data` copied into `buf`, frozen.
+pub(crate) fn copy_in(mut buf: SendBuffer, data: &[u8]) -> Bytes {
+    buf.put_slice(data);
+    buf.freeze()
+}
+
+/// A serving RPC server of any backend: stops gracefully.
+pub(crate) trait AnyRpcServer: Send + Sync {
+    fn shutdown(&self, rt: &Runtime) -> Result<(), Failure>;
+}
+
+struct Serving<H: Handler> {
+    server: RpcServer<H>,
+    task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl<H: Handler> AnyRpcServer for Serving<H> {
+    fn shutdown(&self, rt: &Runtime) -> Result<(), Failure> {
+        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        block_on(rt, async {
+            self.server.shutdown().await;
+            if let Some(t) = task {
+                let _ = t.await;
+            }
+        })
+    }
+}
+
+/// The transport an endpoint names, with `settings`, handed to `f` with its address.
+macro_rules! with_transport {
+    ($ep:expr, $settings:expr, |$t:ident, $addr:ident| $body:expr) => {{
+        let settings: Settings = $settings;
+        match $ep {
+            Endpoint::Tcp(a) => {
+                let mut cfg = TcpConfig::default();
+                if let Some(m) = settings.max_message_size {
+                    cfg.stream.max_message_size = m;
+                }
+                let $t = TcpTransport::new(cfg);
+                let $addr = a;
+                $body
+            }
+            Endpoint::Unix(p) => {
+                let mut cfg = UdsConfig::default();
+                if let Some(m) = settings.max_message_size {
+                    cfg.stream.max_message_size = m;
+                }
+                let $t = UdsTransport::new(cfg);
+                let $addr = transport_uds::UdsAddr(p);
+                $body
+            }
+            Endpoint::Verbs(a) => {
+                let mut cfg = VerbsConfig::default();
+                if let Some(m) = settings.max_message_size {
+                    cfg.max_message_size = m;
+                }
+                let $t = VerbsTransport::new(cfg).map_err(|e| {
+                    let status = if e.is_no_device() {
+                        tp_status::TP_ERR_NO_DEVICE
+                    } else {
+                        tp_status::TP_ERR_IO
+                    };
+                    Failure::new(status, e.to_string())
+                })?;
+                let $addr = a;
+                $body
+            }
+        }
+    }};
+}
+
+/// Connects to `ep`.
+pub(crate) fn connect(
+    rt: &Runtime,
+    ep: Endpoint,
+    settings: Settings,
+    timeout: Option<Duration>,
+) -> Result<Box<dyn AnyConn>, Failure> {
+    with_transport!(ep, settings, |t, addr| {
+        let conn = block_on(rt, within(timeout, t.connect(&addr)))???;
+        Ok(Box::new(Halves::new(conn)) as Box<dyn AnyConn>)
+    })
+}
+
+/// A listener at `ep`, and its URI (the bound port, for port 0).
+pub(crate) fn listen(
+    rt: &Runtime,
+    ep: Endpoint,
+    settings: Settings,
+) -> Result<(Box<dyn AnyListener>, CString), Failure> {
+    let kind = ep.clone();
+    with_transport!(ep, settings, |t, addr| {
+        let l = block_on(rt, t.listen(&addr))??;
+        let uri = bound_uri(&kind, &l.local_addr()?.to_string());
+        Ok((
+            Box::new(Lst(tokio::sync::Mutex::new(l))) as Box<dyn AnyListener>,
+            uri,
+        ))
+    })
+}
+
+/// A connected RPC client.
+pub(crate) fn rpc_connect(
+    rt: &Runtime,
+    ep: Endpoint,
+    settings: Settings,
+    timeout: Option<Duration>,
+) -> Result<Box<dyn AnyRpcClient>, Failure> {
+    with_transport!(ep, settings, |t, addr| {
+        let conn = block_on(rt, within(timeout, t.connect(&addr)))???;
+        let _in_rt = rt.enter();
+        Ok(Box::new(RpcClient::new(conn, ClientConfig::default())) as Box<dyn AnyRpcClient>)
+    })
+}
+
+/// An RPC server serving `handler` at `ep`, and its URI.
+pub(crate) fn rpc_serve<H: Handler + Clone>(
+    rt: &Runtime,
+    ep: Endpoint,
+    settings: Settings,
+    handler: H,
+) -> Result<(Box<dyn AnyRpcServer>, CString), Failure> {
+    let kind = ep.clone();
+    with_transport!(ep, settings, |t, addr| {
+        let l = block_on(rt, t.listen(&addr))??;
+        let uri = bound_uri(&kind, &l.local_addr()?.to_string());
+        let server = RpcServer::new(handler, ServerConfig::default());
+        let task = rt.spawn({
+            let server = server.clone();
+            async move {
+                if let Err(e) = server.serve(l).await {
+                    eprintln!("transport-ffi: the RPC server stopped: {e}");
+                }
+            }
+        });
+        let serving = Serving {
+            server,
+            task: std::sync::Mutex::new(Some(task)),
+        };
+        Ok((Box::new(serving) as Box<dyn AnyRpcServer>, uri))
+    })
+}
+
+/// The URI of a bound listener: the scheme of what was asked, the address the backend reports.
+fn bound_uri(asked: &Endpoint, local: &str) -> CString {
+    let uri = match asked {
+        Endpoint::Tcp(_) => format!("tcp://{local}"),
+        Endpoint::Verbs(_) => format!("verbs://{local}"),
+        Endpoint::Unix(p) => Endpoint::Unix(p.clone()).uri(),
+    };
+    CString::new(uri).unwrap_or_default()
+}
+
+/// The reply a handler's response is built in (`tp_reply`).
+pub(crate) struct ReplySlot {
+    pub(crate) alloc: Box<dyn Fn(usize) -> SendBuffer + Send>,
+    pub(crate) payload: Option<Bytes>,
+}
+
+/// A handler's status for a non-zero return code.
+pub(crate) fn handler_status(code: i32) -> Status {
+    Status::new(code as u32, format!("the handler returned {code}"))
+}
