@@ -52,6 +52,8 @@ typedef enum tp_status {
   TP_ERR_NO_DEVICE = 9,
   // A bug inside the library (a caught panic); the handle involved should be freed.
   TP_ERR_INTERNAL = 10,
+  // Nothing is there yet (`tp_try_recv`, `tp_try_accept`): poll the handle's descriptor.
+  TP_ERR_WOULD_BLOCK = 11,
 } tp_status;
 
 // A send buffer from a connection's pool (`tp_buffer_alloc`): registered memory on verbs,
@@ -157,6 +159,24 @@ const char *tp_listener_uri(const struct tp_listener *l);
 // `l` a live listener, `out` writable.
 enum tp_status tp_accept(const struct tp_listener *l, int32_t timeout_ms, struct tp_conn **out);
 
+// A descriptor for the caller's event loop (poll, epoll, select): readable while a
+// connection waits to be taken with `tp_try_accept` (or after the listener failed: the
+// next take reports it). From this call on the listener accepts in the background (up to
+// 64 connections wait), which needs a runtime with threads. The descriptor belongs to the
+// listener: do not close it.
+//
+// # Safety
+// `l` a live listener, `fd` writable.
+enum tp_status tp_listener_fd(const struct tp_listener *l, int32_t *fd);
+
+// The next connection if one waits: `TP_ERR_WOULD_BLOCK` when none does (poll
+// `tp_listener_fd`'s descriptor). A failed accept of one connection is its error, and the
+// listener goes on. Starts background accepting as `tp_listener_fd` does.
+//
+// # Safety
+// `l` a live listener, `out` writable.
+enum tp_status tp_try_accept(const struct tp_listener *l, struct tp_conn **out);
+
 // Frees a listener (NULL: nothing); it stops listening.
 //
 // # Safety
@@ -231,6 +251,25 @@ enum tp_status tp_send_buffer(const struct tp_conn *c,
 // # Safety
 // `c` a live connection, `out` writable.
 enum tp_status tp_recv(const struct tp_conn *c, int32_t timeout_ms, struct tp_message **out);
+
+// A descriptor for the caller's event loop (poll, epoll, select): readable while a message
+// waits to be taken with `tp_try_recv`, and for good once the connection ended or failed
+// (the next take reports it). From this call on the connection receives in the background
+// (up to 64 messages wait; then the peer's sends wait), which needs a runtime with threads;
+// `tp_recv` then takes from the same queue. The descriptor belongs to the connection: do
+// not close it.
+//
+// # Safety
+// `c` a live connection, `fd` writable.
+enum tp_status tp_conn_fd(const struct tp_conn *c, int32_t *fd);
+
+// The next message if one waits: `TP_ERR_WOULD_BLOCK` when none does (poll `tp_conn_fd`'s
+// descriptor), `TP_ERR_CLOSED` (or the connection's error) once it ended. Starts background
+// receiving as `tp_conn_fd` does.
+//
+// # Safety
+// `c` a live connection, `out` writable.
+enum tp_status tp_try_recv(const struct tp_conn *c, struct tp_message **out);
 
 // The largest message (header + payload) the connection sends.
 //

@@ -2,12 +2,12 @@
 //! lengths) and turned into a reference or a slice before the safe code in `handles` runs.
 
 use crate::handles::{self, copy_in, handler_status, ReplySlot, Settings};
-use crate::handles::{AnyConn, AnyListener, AnyRpcClient, AnyRpcServer};
+use crate::handles::{Accepted, AnyConn, AnyListener, AnyRpcClient, AnyRpcServer, Fed, Received};
 use crate::status::{guard, last_error_ptr, tp_status, Failure};
 use crate::uri::Endpoint;
 use bytes::Bytes;
 use std::ffi::{c_char, c_void, CStr, CString};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::runtime::Runtime;
 use transport_core::rpc::Request;
@@ -24,15 +24,66 @@ pub struct tp_runtime {
 /// A listener (`tp_listen`).
 pub struct tp_listener {
     rt: Arc<Runtime>,
-    inner: Box<dyn AnyListener>,
+    background: bool,
+    inner: Arc<dyn AnyListener>,
     uri: CString,
+    /// Accepting in the background, once `tp_listener_fd` was asked.
+    fed: Mutex<Option<Arc<Fed<Accepted>>>>,
 }
 
 /// A message connection (`tp_connect`, `tp_accept`). One thread may send while another
 /// receives; sends (and receives) from several threads take turns.
 pub struct tp_conn {
     rt: Arc<Runtime>,
-    inner: Box<dyn AnyConn>,
+    background: bool,
+    inner: Arc<dyn AnyConn>,
+    /// Receiving in the background, once `tp_conn_fd` was asked.
+    fed: Mutex<Option<Arc<Fed<Received>>>>,
+}
+
+impl tp_conn {
+    fn new(rt: Arc<Runtime>, background: bool, inner: Arc<dyn AnyConn>) -> tp_conn {
+        tp_conn {
+            rt,
+            background,
+            inner,
+            fed: Mutex::new(None),
+        }
+    }
+
+    /// The background receiver's feed, started now if `start` (it needs runtime threads).
+    fn fed(&self, start: bool) -> Result<Option<Arc<Fed<Received>>>, Failure> {
+        let mut fed = self.fed.lock().unwrap_or_else(|p| p.into_inner());
+        if fed.is_none() && start {
+            if !self.background {
+                return Err(no_background("a connection's descriptor"));
+            }
+            *fed = Some(Arc::new(self.inner.clone().feed(&self.rt)?));
+        }
+        Ok(fed.clone())
+    }
+}
+
+impl tp_listener {
+    /// The background acceptor's feed, started now if `start` (it needs runtime threads).
+    fn fed(&self, start: bool) -> Result<Option<Arc<Fed<Accepted>>>, Failure> {
+        let mut fed = self.fed.lock().unwrap_or_else(|p| p.into_inner());
+        if fed.is_none() && start {
+            if !self.background {
+                return Err(no_background("a listener's descriptor"));
+            }
+            *fed = Some(Arc::new(self.inner.clone().feed(&self.rt)?));
+        }
+        Ok(fed.clone())
+    }
+}
+
+/// Why a runtime without threads cannot serve `what`.
+fn no_background(what: &str) -> Failure {
+    Failure::new(
+        tp_status::TP_ERR_UNSUPPORTED,
+        format!("{what} needs a runtime with threads (tp_runtime_new(1 or more, ..))"),
+    )
 }
 
 /// A received message (`tp_recv`) or an RPC reply (`tp_rpc_call`): its bytes stay valid
@@ -296,8 +347,10 @@ pub unsafe extern "C" fn tp_listen(
         let (inner, uri) = handles::listen(&rt.rt, Endpoint::parse(uri)?, s)?;
         let l = tp_listener {
             rt: rt.rt.clone(),
+            background: rt.background,
             inner,
             uri,
+            fed: Mutex::new(None),
         };
         // SAFETY: `out` checked above.
         unsafe { give(out, l) }
@@ -333,18 +386,74 @@ pub unsafe extern "C" fn tp_accept(
         if out.is_null() {
             return Err(Failure::arg("out is NULL"));
         }
-        let inner = l.inner.accept(&l.rt, timeout(timeout_ms))?;
+        let inner = match l.fed(false)? {
+            Some(fed) => {
+                handles::not_in_runtime()?;
+                fed.feed
+                    .take(timeout(timeout_ms))
+                    .map_err(|e| Failure::new(tp_status::TP_ERR_IO, e.to_string()))?
+                    .ok_or_else(|| timed_out(timeout_ms))??
+            }
+            None => l.inner.accept(&l.rt, timeout(timeout_ms))?,
+        };
         // SAFETY: `out` checked above.
-        unsafe {
-            give(
-                out,
-                tp_conn {
-                    rt: l.rt.clone(),
-                    inner,
-                },
-            )
-        }
+        unsafe { give(out, tp_conn::new(l.rt.clone(), l.background, inner)) }
     })
+}
+
+fn timed_out(ms: i32) -> Failure {
+    Failure::new(
+        tp_status::TP_ERR_TIMED_OUT,
+        format!("nothing within {ms} ms"),
+    )
+}
+
+/// A descriptor for the caller's event loop (poll, epoll, select): readable while a
+/// connection waits to be taken with `tp_try_accept` (or after the listener failed: the
+/// next take reports it). From this call on the listener accepts in the background (up to
+/// 64 connections wait), which needs a runtime with threads. The descriptor belongs to the
+/// listener: do not close it.
+///
+/// # Safety
+/// `l` a live listener, `fd` writable.
+#[no_mangle]
+pub unsafe extern "C" fn tp_listener_fd(l: *const tp_listener, fd: *mut i32) -> tp_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let l = unsafe { handle(l, "listener")? };
+        if fd.is_null() {
+            return Err(Failure::arg("fd is NULL"));
+        }
+        let fed = l.fed(true)?.expect("started");
+        // SAFETY: `fd` checked above.
+        unsafe { fd.write(fed.feed.raw_fd()) };
+        Ok(())
+    })
+}
+
+/// The next connection if one waits: `TP_ERR_WOULD_BLOCK` when none does (poll
+/// `tp_listener_fd`'s descriptor). A failed accept of one connection is its error, and the
+/// listener goes on. Starts background accepting as `tp_listener_fd` does.
+///
+/// # Safety
+/// `l` a live listener, `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn tp_try_accept(l: *const tp_listener, out: *mut *mut tp_conn) -> tp_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let l = unsafe { handle(l, "listener")? };
+        if out.is_null() {
+            return Err(Failure::arg("out is NULL"));
+        }
+        let fed = l.fed(true)?.expect("started");
+        let inner = fed.feed.try_take().ok_or_else(would_block)??;
+        // SAFETY: `out` checked above.
+        unsafe { give(out, tp_conn::new(l.rt.clone(), l.background, inner)) }
+    })
+}
+
+fn would_block() -> Failure {
+    Failure::new(tp_status::TP_ERR_WOULD_BLOCK, "nothing there yet")
 }
 
 /// Frees a listener (NULL: nothing); it stops listening.
@@ -388,15 +497,7 @@ pub unsafe extern "C" fn tp_connect(
         }
         let inner = handles::connect(&rt.rt, Endpoint::parse(uri)?, s, timeout(timeout_ms))?;
         // SAFETY: `out` checked above.
-        unsafe {
-            give(
-                out,
-                tp_conn {
-                    rt: rt.rt.clone(),
-                    inner,
-                },
-            )
-        }
+        unsafe { give(out, tp_conn::new(rt.rt.clone(), rt.background, inner)) }
     })
 }
 
@@ -576,14 +677,65 @@ pub unsafe extern "C" fn tp_recv(
         if out.is_null() {
             return Err(Failure::arg("out is NULL"));
         }
-        match c.inner.recv(&c.rt, timeout(timeout_ms))? {
-            // SAFETY: `out` checked above.
-            Some(msg) => unsafe { give(out, tp_message { msg }) },
-            None => Err(Failure::new(
-                tp_status::TP_ERR_CLOSED,
-                "the peer closed the connection",
-            )),
+        let msg = match c.fed(false)? {
+            Some(fed) => {
+                handles::not_in_runtime()?;
+                fed.feed
+                    .take(timeout(timeout_ms))
+                    .map_err(|e| Failure::new(tp_status::TP_ERR_IO, e.to_string()))?
+                    .ok_or_else(|| timed_out(timeout_ms))??
+            }
+            None => c.inner.recv(&c.rt, timeout(timeout_ms))?.ok_or_else(|| {
+                Failure::new(tp_status::TP_ERR_CLOSED, "the peer closed the connection")
+            })?,
+        };
+        // SAFETY: `out` checked above.
+        unsafe { give(out, tp_message { msg }) }
+    })
+}
+
+/// A descriptor for the caller's event loop (poll, epoll, select): readable while a message
+/// waits to be taken with `tp_try_recv`, and for good once the connection ended or failed
+/// (the next take reports it). From this call on the connection receives in the background
+/// (up to 64 messages wait; then the peer's sends wait), which needs a runtime with threads;
+/// `tp_recv` then takes from the same queue. The descriptor belongs to the connection: do
+/// not close it.
+///
+/// # Safety
+/// `c` a live connection, `fd` writable.
+#[no_mangle]
+pub unsafe extern "C" fn tp_conn_fd(c: *const tp_conn, fd: *mut i32) -> tp_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let c = unsafe { handle(c, "conn")? };
+        if fd.is_null() {
+            return Err(Failure::arg("fd is NULL"));
         }
+        let fed = c.fed(true)?.expect("started");
+        // SAFETY: `fd` checked above.
+        unsafe { fd.write(fed.feed.raw_fd()) };
+        Ok(())
+    })
+}
+
+/// The next message if one waits: `TP_ERR_WOULD_BLOCK` when none does (poll `tp_conn_fd`'s
+/// descriptor), `TP_ERR_CLOSED` (or the connection's error) once it ended. Starts background
+/// receiving as `tp_conn_fd` does.
+///
+/// # Safety
+/// `c` a live connection, `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn tp_try_recv(c: *const tp_conn, out: *mut *mut tp_message) -> tp_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let c = unsafe { handle(c, "conn")? };
+        if out.is_null() {
+            return Err(Failure::arg("out is NULL"));
+        }
+        let fed = c.fed(true)?.expect("started");
+        let msg = fed.feed.try_take().ok_or_else(would_block)??;
+        // SAFETY: `out` checked above.
+        unsafe { give(out, tp_message { msg }) }
     })
 }
 

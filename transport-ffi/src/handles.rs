@@ -1,6 +1,7 @@
 //! The objects behind the C handles, in safe Rust: each backend's connection, listener, RPC
 //! client and server behind one object-safe trait, driven by blocking on the handle's runtime.
 
+use crate::ready::{self, Feed, Item};
 use crate::status::{tp_status, Failure};
 use crate::uri::Endpoint;
 use bytes::{BufMut, Bytes};
@@ -13,7 +14,7 @@ use transport_core::rpc::{CallOptions, ClientConfig, Handler, RpcClient, RpcServ
 use transport_core::rpc::{ServerConfig, Status};
 use transport_core::{
     BufferPool, Connection, Listener, Message, MessageReceiver, MessageSender, SendBuffer,
-    Transport,
+    Transport, TransportError,
 };
 use transport_tcp::{TcpConfig, TcpTransport};
 use transport_uds::{UdsConfig, UdsTransport};
@@ -27,17 +28,24 @@ pub(crate) struct Settings {
     pub(crate) max_message_size: Option<usize>,
 }
 
-/// Runs `fut` to its end on `rt`, from a thread that is not one of a runtime's: a blocking
-/// call from inside a handler (a runtime thread) is refused instead of panicking. Inlined:
-/// the future is moved once, into the runtime's `block_on`, not through this frame too.
-#[inline(always)]
-pub(crate) fn block_on<F: Future>(rt: &Runtime, fut: F) -> Result<F::Output, Failure> {
+/// Refuses a blocking call from a runtime's thread (inside a handler, it would stall the
+/// runtime that must make progress for it).
+pub(crate) fn not_in_runtime() -> Result<(), Failure> {
     if tokio::runtime::Handle::try_current().is_ok() {
         return Err(Failure::new(
             tp_status::TP_ERR_UNSUPPORTED,
             "a blocking call from a runtime thread (inside a tp_rpc_handler?)",
         ));
     }
+    Ok(())
+}
+
+/// Runs `fut` to its end on `rt`, from a thread that is not one of a runtime's: a blocking
+/// call from inside a handler (a runtime thread) is refused instead of panicking. Inlined:
+/// the future is moved once, into the runtime's `block_on`, not through this frame too.
+#[inline(always)]
+pub(crate) fn block_on<F: Future>(rt: &Runtime, fut: F) -> Result<F::Output, Failure> {
+    not_in_runtime()?;
     Ok(rt.block_on(fut))
 }
 
@@ -61,6 +69,28 @@ pub(crate) trait AnyConn: Send + Sync {
     fn close(&self, rt: &Runtime) -> Result<(), Failure>;
     fn pool(&self) -> &Arc<dyn BufferPool>;
     fn max_message_size(&self) -> usize;
+    /// Receives in the background from now on, into a feed (the receiving half stays with
+    /// the task until it is aborted).
+    fn feed(self: Arc<Self>, rt: &Runtime) -> Result<Fed<Received>, Failure>;
+}
+
+/// What a connection's feed holds: a message, or (last) the end or the error.
+pub(crate) type Received = Result<Message, Failure>;
+
+/// A feed and the background task filling it (aborted when dropped).
+pub(crate) struct Fed<T> {
+    pub(crate) feed: Feed<T>,
+    task: tokio::task::AbortHandle,
+}
+
+impl<T> Drop for Fed<T> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn io_failure(what: &str, e: std::io::Error) -> Failure {
+    Failure::new(tp_status::TP_ERR_IO, format!("{what}: {e}"))
 }
 
 /// A connection's halves, each behind its own lock: one thread may send while another
@@ -124,12 +154,42 @@ where
     fn max_message_size(&self) -> usize {
         self.max
     }
+
+    fn feed(self: Arc<Self>, rt: &Runtime) -> Result<Fed<Received>, Failure> {
+        let (feeder, feed) = ready::feed().map_err(|e| io_failure("eventfd", e))?;
+        let task = rt.spawn(async move {
+            let mut rx = self.rx.lock().await;
+            loop {
+                let item = match rx.recv().await {
+                    Ok(Some(m)) => Item::More(Ok(m)),
+                    Ok(None) => Item::Last(Err(Failure::new(
+                        tp_status::TP_ERR_CLOSED,
+                        "the peer closed the connection",
+                    ))),
+                    Err(e) => Item::Last(Err(Failure::from(e))),
+                };
+                let last = matches!(item, Item::Last(_));
+                if !feeder.put(item).await || last {
+                    break;
+                }
+            }
+        });
+        Ok(Fed {
+            feed,
+            task: task.abort_handle(),
+        })
+    }
 }
 
 /// A listener of any backend.
 pub(crate) trait AnyListener: Send + Sync {
-    fn accept(&self, rt: &Runtime, timeout: Option<Duration>) -> Result<Box<dyn AnyConn>, Failure>;
+    fn accept(&self, rt: &Runtime, timeout: Option<Duration>) -> Result<Arc<dyn AnyConn>, Failure>;
+    /// Accepts in the background from now on, into a feed.
+    fn feed(self: Arc<Self>, rt: &Runtime) -> Result<Fed<Accepted>, Failure>;
 }
+
+/// What a listener's feed holds: a connection, or an error of one accept.
+pub(crate) type Accepted = Result<Arc<dyn AnyConn>, Failure>;
 
 struct Lst<L: Listener>(tokio::sync::Mutex<L>);
 
@@ -138,12 +198,44 @@ where
     <L::Connection as Connection>::Sender: Sync,
     <L::Connection as Connection>::Receiver: Sync,
 {
-    fn accept(&self, rt: &Runtime, timeout: Option<Duration>) -> Result<Box<dyn AnyConn>, Failure> {
+    fn accept(&self, rt: &Runtime, timeout: Option<Duration>) -> Result<Arc<dyn AnyConn>, Failure> {
         let conn = block_on(rt, async {
             let mut l = self.0.lock().await;
             within(timeout, l.accept()).await
         })??;
-        Ok(Box::new(Halves::new(conn?)))
+        Ok(Arc::new(Halves::new(conn?)))
+    }
+
+    fn feed(self: Arc<Self>, rt: &Runtime) -> Result<Fed<Accepted>, Failure> {
+        let (feeder, feed) = ready::feed().map_err(|e| io_failure("eventfd", e))?;
+        let task = rt.spawn(async move {
+            let mut l = self.0.lock().await;
+            loop {
+                let item = match l.accept().await {
+                    Ok(c) => Item::More(Ok(Arc::new(Halves::new(c)) as Arc<dyn AnyConn>)),
+                    Err(e) => {
+                        let closed = matches!(e.original(), TransportError::Closed);
+                        let f = Failure::from(e);
+                        if closed {
+                            Item::Last(Err(f))
+                        } else {
+                            // One connection's failure; the listener goes on, after a pause
+                            // so that a persistent error (no descriptors left) does not spin.
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            Item::More(Err(f))
+                        }
+                    }
+                };
+                let last = matches!(item, Item::Last(_));
+                if !feeder.put(item).await || last {
+                    break;
+                }
+            }
+        });
+        Ok(Fed {
+            feed,
+            task: task.abort_handle(),
+        })
     }
 }
 
@@ -260,10 +352,10 @@ pub(crate) fn connect(
     ep: Endpoint,
     settings: Settings,
     timeout: Option<Duration>,
-) -> Result<Box<dyn AnyConn>, Failure> {
+) -> Result<Arc<dyn AnyConn>, Failure> {
     with_transport!(ep, settings, |t, addr| {
         let conn = block_on(rt, within(timeout, t.connect(&addr)))???;
-        Ok(Box::new(Halves::new(conn)) as Box<dyn AnyConn>)
+        Ok(Arc::new(Halves::new(conn)) as Arc<dyn AnyConn>)
     })
 }
 
@@ -272,13 +364,13 @@ pub(crate) fn listen(
     rt: &Runtime,
     ep: Endpoint,
     settings: Settings,
-) -> Result<(Box<dyn AnyListener>, CString), Failure> {
+) -> Result<(Arc<dyn AnyListener>, CString), Failure> {
     let kind = ep.clone();
     with_transport!(ep, settings, |t, addr| {
         let l = block_on(rt, t.listen(&addr))??;
         let uri = bound_uri(&kind, &l.local_addr()?.to_string());
         Ok((
-            Box::new(Lst(tokio::sync::Mutex::new(l))) as Box<dyn AnyListener>,
+            Arc::new(Lst(tokio::sync::Mutex::new(l))) as Arc<dyn AnyListener>,
             uri,
         ))
     })

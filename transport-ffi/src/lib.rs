@@ -42,6 +42,7 @@
 
 mod api;
 mod handles;
+mod ready;
 mod status;
 mod uri;
 

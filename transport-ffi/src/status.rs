@@ -35,10 +35,12 @@ pub enum tp_status {
     TP_ERR_NO_DEVICE = 9,
     /// A bug inside the library (a caught panic); the handle involved should be freed.
     TP_ERR_INTERNAL = 10,
+    /// Nothing is there yet (`tp_try_recv`, `tp_try_accept`): poll the handle's descriptor.
+    TP_ERR_WOULD_BLOCK = 11,
 }
 
 /// An error on its way out: the code and what to tell.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Failure {
     pub(crate) status: tp_status,
     pub(crate) message: String,

@@ -1,7 +1,8 @@
 //! The C examples (examples/c) compiled with the system's C compiler against the static
 //! library and the committed header, then run over Unix sockets and TCP: an echo server and
-//! client in two processes, an RPC server with a C handler called from a client, and the
-//! ping tool's server and client in two processes.
+//! client in two processes, an RPC server with a C handler called from a client, the ping
+//! tool's server and client in two processes, and an event-loop server (poll(2) on the
+//! handles' descriptors) serving two clients at once.
 //!
 //! With valgrind installed, the clients also run under memcheck (no error, no definite
 //! leak); `TRANSPORT_FFI_MEMCHECK=1` (set by `cargo xtask test`) makes a missing valgrind a
@@ -171,6 +172,7 @@ fn examples_over(uri: &str) {
     let client = compile("echo_client", dir.path());
     let rpc = compile("rpc", dir.path());
     let ping = compile("ping", dir.path());
+    let poll_server = compile("poll_server", dir.path());
     let modes: &[bool] = if memcheck() { &[false, true] } else { &[false] };
     for &checked in modes {
         let uri = uri.replace("DIR", &dir.path().display().to_string());
@@ -199,6 +201,28 @@ fn examples_over(uri: &str) {
         drop(child.stdin.take());
         let served = finish(child, "ping serve");
         assert!(served.status.success(), "ping serve: {}", served.status);
+
+        // The event-loop server: two clients at once, each served as its messages come.
+        let poll_uri = uri.replace(".sock", &format!("-poll-{checked}.sock"));
+        let (child, bound) = start_server(&[poll_server.to_str().unwrap(), &poll_uri, "2"]);
+        let clients: Vec<_> = (0..2)
+            .map(|i| {
+                let (client, bound) = (client.clone(), bound.clone());
+                std::thread::spawn(move || {
+                    run(
+                        &[client.to_str().unwrap(), &bound],
+                        checked,
+                        &format!("client {i}"),
+                    )
+                })
+            })
+            .collect();
+        for c in clients {
+            let out = c.join().expect("client thread");
+            assert!(out.ends_with("ok\n"), "{out}");
+        }
+        let served = finish(child, "poll_server");
+        assert!(served.status.success(), "poll_server: {}", served.status);
     }
 }
 

@@ -1,7 +1,8 @@
 /*
  * echo_client URI: connects to an echo_server and checks that messages of every size come
  * back byte-exact, then checks the errors a caller can provoke: a header over
- * TP_MAX_HEADER_LEN, a message over the limit, NULL arguments, a bad URI. Prints "ok" at the
+ * TP_MAX_HEADER_LEN, a message over the limit, NULL arguments, a bad URI, a descriptor asked
+ * of a runtime without threads. Prints "ok" at the
  * end; exit status 0 when everything held.
  */
 #include <stdio.h>
@@ -104,6 +105,10 @@ int main(int argc, char **argv) {
     CHECK(tp_connect(rt, "udp://1.2.3.4:5", NULL, 1000, &bad) == TP_ERR_INVALID_ARGUMENT,
           "bad URI");
     CHECK(strstr(tp_last_error(), "unknown scheme") != NULL, "the message says why");
+    int fd = -1;
+    CHECK(tp_conn_fd(c, &fd) == TP_ERR_UNSUPPORTED && fd == -1,
+          "no background receiving on a runtime without threads");
+    CHECK(tp_try_recv(c, &none) == TP_ERR_UNSUPPORTED, "nor a non-blocking take");
     round_trip(c, 4, 1000, 1);
 
     CHECK(tp_close(c) == TP_OK, "close");
