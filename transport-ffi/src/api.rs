@@ -28,7 +28,7 @@ pub struct tp_listener {
     inner: Arc<dyn AnyListener>,
     uri: CString,
     /// Accepting in the background, once `tp_listener_fd` was asked.
-    fed: Mutex<Option<Arc<Fed<Accepted>>>>,
+    fed: LazyFeed<Accepted>,
 }
 
 /// A message connection (`tp_connect`, `tp_accept`). One thread may send while another
@@ -38,7 +38,7 @@ pub struct tp_conn {
     background: bool,
     inner: Arc<dyn AnyConn>,
     /// Receiving in the background, once `tp_conn_fd` was asked.
-    fed: Mutex<Option<Arc<Fed<Received>>>>,
+    fed: LazyFeed<Received>,
 }
 
 impl tp_conn {
@@ -47,35 +47,82 @@ impl tp_conn {
             rt,
             background,
             inner,
-            fed: Mutex::new(None),
+            fed: LazyFeed::new(),
         }
     }
 
-    /// The background receiver's feed, started now if `start` (it needs runtime threads).
-    fn fed(&self, start: bool) -> Result<Option<Arc<Fed<Received>>>, Failure> {
-        let mut fed = self.fed.lock().unwrap_or_else(|p| p.into_inner());
-        if fed.is_none() && start {
-            if !self.background {
-                return Err(no_background("a connection's descriptor"));
-            }
-            *fed = Some(Arc::new(self.inner.clone().feed(&self.rt)?));
-        }
-        Ok(fed.clone())
+    /// The background receiver's feed, started now if it was not (it needs runtime threads).
+    fn fed(&self) -> Result<Arc<Fed<Received>>, Failure> {
+        self.fed
+            .start(self.background, "a connection's descriptor", || {
+                self.inner.clone().feed(&self.rt)
+            })
     }
 }
 
 impl tp_listener {
-    /// The background acceptor's feed, started now if `start` (it needs runtime threads).
-    fn fed(&self, start: bool) -> Result<Option<Arc<Fed<Accepted>>>, Failure> {
-        let mut fed = self.fed.lock().unwrap_or_else(|p| p.into_inner());
-        if fed.is_none() && start {
-            if !self.background {
-                return Err(no_background("a listener's descriptor"));
-            }
-            *fed = Some(Arc::new(self.inner.clone().feed(&self.rt)?));
-        }
-        Ok(fed.clone())
+    /// The background acceptor's feed, started now if it was not (it needs runtime threads).
+    fn fed(&self) -> Result<Arc<Fed<Accepted>>, Failure> {
+        self.fed
+            .start(self.background, "a listener's descriptor", || {
+                self.inner.clone().feed(&self.rt)
+            })
     }
+}
+
+/// A background feed, started on first use (a descriptor asked, a non-blocking take).
+struct LazyFeed<T>(Mutex<Option<Arc<Fed<T>>>>);
+
+impl<T> LazyFeed<T> {
+    fn new() -> LazyFeed<T> {
+        LazyFeed(Mutex::new(None))
+    }
+
+    /// The feed, if started.
+    fn current(&self) -> Option<Arc<Fed<T>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The feed, started now with `start` if it was not; refused without runtime threads.
+    fn start(
+        &self,
+        background: bool,
+        what: &str,
+        start: impl FnOnce() -> Result<Fed<T>, Failure>,
+    ) -> Result<Arc<Fed<T>>, Failure> {
+        let mut fed = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = &*fed {
+            return Ok(f.clone());
+        }
+        if !background {
+            return Err(no_background(what));
+        }
+        let f = Arc::new(start()?);
+        *fed = Some(f.clone());
+        Ok(f)
+    }
+}
+
+/// Writes the feed's descriptor to `fd`.
+///
+/// # Safety
+/// `fd` is NULL or writable.
+unsafe fn put_fd<T: Clone>(fed: &Fed<T>, fd: *mut i32) -> Result<(), Failure> {
+    if fd.is_null() {
+        return Err(Failure::arg("fd is NULL"));
+    }
+    // SAFETY: not NULL; the caller promises room for one int.
+    unsafe { fd.write(fed.feed.raw_fd()) };
+    Ok(())
+}
+
+/// The next item of a started feed, waiting up to `timeout_ms` (a blocking call).
+fn take_within<T: Clone>(fed: &Fed<T>, timeout_ms: i32) -> Result<T, Failure> {
+    handles::not_in_runtime()?;
+    fed.feed
+        .take(timeout(timeout_ms))
+        .map_err(|e| Failure::new(tp_status::TP_ERR_IO, e.to_string()))?
+        .ok_or_else(|| timed_out(timeout_ms))
 }
 
 /// Why a runtime without threads cannot serve `what`.
@@ -350,7 +397,7 @@ pub unsafe extern "C" fn tp_listen(
             background: rt.background,
             inner,
             uri,
-            fed: Mutex::new(None),
+            fed: LazyFeed::new(),
         };
         // SAFETY: `out` checked above.
         unsafe { give(out, l) }
@@ -386,14 +433,8 @@ pub unsafe extern "C" fn tp_accept(
         if out.is_null() {
             return Err(Failure::arg("out is NULL"));
         }
-        let inner = match l.fed(false)? {
-            Some(fed) => {
-                handles::not_in_runtime()?;
-                fed.feed
-                    .take(timeout(timeout_ms))
-                    .map_err(|e| Failure::new(tp_status::TP_ERR_IO, e.to_string()))?
-                    .ok_or_else(|| timed_out(timeout_ms))??
-            }
+        let inner = match l.fed.current() {
+            Some(fed) => take_within(&fed, timeout_ms)??,
             None => l.inner.accept(&l.rt, timeout(timeout_ms))?,
         };
         // SAFETY: `out` checked above.
@@ -421,13 +462,8 @@ pub unsafe extern "C" fn tp_listener_fd(l: *const tp_listener, fd: *mut i32) -> 
     guard(|| {
         // SAFETY: per this function's contract.
         let l = unsafe { handle(l, "listener")? };
-        if fd.is_null() {
-            return Err(Failure::arg("fd is NULL"));
-        }
-        let fed = l.fed(true)?.expect("started");
-        // SAFETY: `fd` checked above.
-        unsafe { fd.write(fed.feed.raw_fd()) };
-        Ok(())
+        // SAFETY: per this function's contract.
+        unsafe { put_fd(&*l.fed()?, fd) }
     })
 }
 
@@ -445,7 +481,7 @@ pub unsafe extern "C" fn tp_try_accept(l: *const tp_listener, out: *mut *mut tp_
         if out.is_null() {
             return Err(Failure::arg("out is NULL"));
         }
-        let fed = l.fed(true)?.expect("started");
+        let fed = l.fed()?;
         let inner = fed.feed.try_take().ok_or_else(would_block)??;
         // SAFETY: `out` checked above.
         unsafe { give(out, tp_conn::new(l.rt.clone(), l.background, inner)) }
@@ -677,14 +713,8 @@ pub unsafe extern "C" fn tp_recv(
         if out.is_null() {
             return Err(Failure::arg("out is NULL"));
         }
-        let msg = match c.fed(false)? {
-            Some(fed) => {
-                handles::not_in_runtime()?;
-                fed.feed
-                    .take(timeout(timeout_ms))
-                    .map_err(|e| Failure::new(tp_status::TP_ERR_IO, e.to_string()))?
-                    .ok_or_else(|| timed_out(timeout_ms))??
-            }
+        let msg = match c.fed.current() {
+            Some(fed) => take_within(&fed, timeout_ms)??,
             None => c.inner.recv(&c.rt, timeout(timeout_ms))?.ok_or_else(|| {
                 Failure::new(tp_status::TP_ERR_CLOSED, "the peer closed the connection")
             })?,
@@ -708,13 +738,8 @@ pub unsafe extern "C" fn tp_conn_fd(c: *const tp_conn, fd: *mut i32) -> tp_statu
     guard(|| {
         // SAFETY: per this function's contract.
         let c = unsafe { handle(c, "conn")? };
-        if fd.is_null() {
-            return Err(Failure::arg("fd is NULL"));
-        }
-        let fed = c.fed(true)?.expect("started");
-        // SAFETY: `fd` checked above.
-        unsafe { fd.write(fed.feed.raw_fd()) };
-        Ok(())
+        // SAFETY: per this function's contract.
+        unsafe { put_fd(&*c.fed()?, fd) }
     })
 }
 
@@ -732,7 +757,7 @@ pub unsafe extern "C" fn tp_try_recv(c: *const tp_conn, out: *mut *mut tp_messag
         if out.is_null() {
             return Err(Failure::arg("out is NULL"));
         }
-        let fed = c.fed(true)?.expect("started");
+        let fed = c.fed()?;
         let msg = fed.feed.try_take().ok_or_else(would_block)??;
         // SAFETY: `out` checked above.
         unsafe { give(out, tp_message { msg }) }

@@ -168,8 +168,7 @@ where
                     ))),
                     Err(e) => Item::Last(Err(Failure::from(e))),
                 };
-                let last = matches!(item, Item::Last(_));
-                if !feeder.put(item).await || last {
+                if !feeder.offer(item).await {
                     break;
                 }
             }
@@ -226,8 +225,7 @@ where
                         }
                     }
                 };
-                let last = matches!(item, Item::Last(_));
-                if !feeder.put(item).await || last {
+                if !feeder.offer(item).await {
                     break;
                 }
             }

@@ -54,6 +54,13 @@ pub(crate) fn feed<T>() -> std::io::Result<(Feeder<T>, Feed<T>)> {
 }
 
 impl<T> Feeder<T> {
+    /// Queues `item`; whether to go on producing (the feed is there and `item` was not the
+    /// last).
+    pub(crate) async fn offer(&self, item: Item<T>) -> bool {
+        let last = matches!(item, Item::Last(_));
+        self.put(item).await && !last
+    }
+
     /// Queues `item` (waiting while the queue is full); `false` when the feed is gone.
     pub(crate) async fn put(&self, item: Item<T>) -> bool {
         if self.tx.send(item).await.is_err() {
