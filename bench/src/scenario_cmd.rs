@@ -544,7 +544,7 @@ async fn compare_frameworks<T: Transport>(
         .await
         .map_err(|e| format!("{name} framework: {e}"))?;
     let tarpc_serde_tcp = if name == "tcp" {
-        let s = grpc_demo::tarpc_echo::measure_tarpc_serde_tcp(&cfg)
+        let s = grpc_demo::compare::measure_tarpc_serde_tcp(&cfg)
             .await
             .map_err(|e| format!("tarpc serde_transport over tcp: {e}"))?;
         Some((s.small_calls_per_s, s.large_mb_per_s))

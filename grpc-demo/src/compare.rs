@@ -5,11 +5,13 @@
 //! other: a small unary echo (calls/s) and a large unary echo (MB/s, payload bytes counted once
 //! per call), each with `concurrency` calls in flight.
 
-use crate::{grpc, native, pb};
+use crate::{grpc, native, pb, tarpc_echo};
 use bytes::Bytes;
+use futures_util::{future, StreamExt};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tarpc::tokio_serde::formats::Bincode;
 use tokio::sync::oneshot;
 use transport_core::rpc::RpcServer;
 use transport_core::{Listener, Transport};
@@ -131,7 +133,7 @@ impl fmt::Display for Comparison {
 }
 
 /// Runs `calls` calls of `call` with `concurrency` in flight; returns the elapsed time.
-pub(crate) async fn drive<F, Fut>(
+async fn drive<F, Fut>(
     calls: usize,
     concurrency: usize,
     call: F,
@@ -159,7 +161,7 @@ where
     Ok(start.elapsed())
 }
 
-pub(crate) fn figures(cfg: &CompareConfig, small: Duration, large: Duration) -> Figures {
+fn figures(cfg: &CompareConfig, small: Duration, large: Duration) -> Figures {
     Figures {
         small_calls_per_s: cfg.small_calls as f64 / small.as_secs_f64(),
         large_mb_per_s: (cfg.large_size * cfg.large_calls) as f64 / 1e6 / large.as_secs_f64(),
@@ -300,7 +302,7 @@ pub async fn measure_native<T: Transport>(
     Ok(figures(cfg, small, large))
 }
 
-pub(crate) fn check(got: &Bytes, want: &Bytes) -> Result<(), Error> {
+fn check(got: &Bytes, want: &Bytes) -> Result<(), Error> {
     if got.len() != want.len() {
         return Err(format!("echo returned {} bytes, sent {}", got.len(), want.len()).into());
     }
@@ -318,7 +320,7 @@ pub async fn compare<T: Transport>(
     let transport = Arc::new(transport);
     let grpc = measure_grpc(transport.clone(), addr(), cfg).await?;
     let native = measure_native(transport.clone(), addr(), cfg).await?;
-    let tarpc = crate::tarpc_echo::measure_tarpc(transport, addr(), cfg).await?;
+    let tarpc = measure_tarpc(transport, addr(), cfg).await?;
     Ok(Comparison {
         transport: name.to_string(),
         config: cfg.clone(),
@@ -326,4 +328,72 @@ pub async fn compare<T: Transport>(
         native,
         tarpc,
     })
+}
+
+/// A context whose deadline leaves room for the large calls.
+fn tarpc_ctx() -> tarpc::context::Context {
+    let mut c = tarpc::context::current();
+    c.deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    c
+}
+
+/// The small and the large echo with `client`, warm-up first; the elapsed times.
+async fn run_tarpc_client(
+    client: tarpc_echo::TarpcEchoClient,
+    cfg: &CompareConfig,
+) -> Result<Figures, Error> {
+    let run = |size: usize, calls: usize| {
+        let client = client.clone();
+        let payload = crate::pattern(size, 1);
+        drive(calls, cfg.concurrency, move || {
+            let client = client.clone();
+            let payload = payload.clone();
+            async move {
+                let reply = client.unary(tarpc_ctx(), payload.clone()).await?;
+                check(&reply, &payload)
+            }
+        })
+    };
+    run(cfg.small_size, 200).await?;
+    let small = run(cfg.small_size, cfg.small_calls).await?;
+    run(cfg.large_size, 5).await?;
+    let large = run(cfg.large_size, cfg.large_calls).await?;
+    Ok(figures(cfg, small, large))
+}
+
+/// Measures tarpc over `transport`'s messages (server and client in this process).
+pub async fn measure_tarpc<T: Transport>(
+    transport: Arc<T>,
+    listen_addr: T::Addr,
+    cfg: &CompareConfig,
+) -> Result<Figures, Error> {
+    let listener = transport.listen(&listen_addr).await?;
+    let addr = listener.local_addr()?;
+    let server = tokio::spawn(tarpc_echo::serve_all(
+        transport_tarpc::incoming(listener).filter_map(|t| future::ready(t.ok())),
+    ));
+    let t = transport_tarpc::connect(&*transport, &addr).await?;
+    let client = tarpc_echo::TarpcEchoClient::new(tarpc::client::Config::default(), t).spawn();
+    let r = run_tarpc_client(client, cfg).await;
+    server.abort();
+    r
+}
+
+/// Measures tarpc on its own `serde_transport` over loopback TCP (bincode, length-delimited
+/// frames up to [`crate::MAX_MESSAGE`]): the framework with the I/O it ships with.
+pub async fn measure_tarpc_serde_tcp(cfg: &CompareConfig) -> Result<Figures, Error> {
+    let mut incoming = tarpc::serde_transport::tcp::listen("127.0.0.1:0", Bincode::default).await?;
+    incoming.config_mut().max_frame_length(crate::MAX_MESSAGE);
+    let addr = incoming.local_addr();
+    let server = tokio::spawn(tarpc_echo::serve_all(incoming.filter_map(|t| {
+        future::ready(t.ok().filter(|t| t.get_ref().set_nodelay(true).is_ok()))
+    })));
+    let mut connect = tarpc::serde_transport::tcp::connect(addr, Bincode::default);
+    connect.config_mut().max_frame_length(crate::MAX_MESSAGE);
+    let t = connect.await?;
+    t.get_ref().set_nodelay(true)?;
+    let client = tarpc_echo::TarpcEchoClient::new(tarpc::client::Config::default(), t).spawn();
+    let r = run_tarpc_client(client, cfg).await;
+    server.abort();
+    r
 }

@@ -108,7 +108,7 @@ async fn run(args: Args) -> Result<(), grpc_demo::compare::Error> {
                 "{:<9} {:<12} {:>15.0} calls/s {:>21.1} MB/s   (tonic's own TcpStream, no adapter)",
                 "tcp", "gRPC plain", plain.small_calls_per_s, plain.large_mb_per_s
             );
-            let serde = grpc_demo::tarpc_echo::measure_tarpc_serde_tcp(&cfg).await?;
+            let serde = grpc_demo::compare::measure_tarpc_serde_tcp(&cfg).await?;
             println!(
                 "{:<9} {:<12} {:>15.0} calls/s {:>21.1} MB/s   (tarpc's own serde_transport, bincode)",
                 "tcp", "tarpc serde", serde.small_calls_per_s, serde.large_mb_per_s
