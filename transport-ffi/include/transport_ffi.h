@@ -64,6 +64,9 @@ typedef struct tp_buffer tp_buffer;
 // receives; sends (and receives) from several threads take turns.
 typedef struct tp_conn tp_conn;
 
+// A connection being made in the background (`tp_connect_start`).
+typedef struct tp_connecting tp_connecting;
+
 // A listener (`tp_listen`).
 typedef struct tp_listener tp_listener;
 
@@ -308,6 +311,39 @@ const uint8_t *tp_message_payload(const struct tp_message *m, size_t *len);
 // # Safety
 // `m` is NULL or a live message, not used again.
 void tp_message_free(struct tp_message *m);
+
+// Starts connecting to a listener at `uri` without blocking; `tp_connecting_fd` becomes
+// readable when it succeeded or failed, and `tp_connect_finish` gives the connection. Needs
+// a runtime with threads. Free the handle with `tp_connecting_free` (which cancels a connect
+// still in progress).
+//
+// # Safety
+// `rt` a live runtime, `uri` a C string, `settings` NULL or valid, `out` writable.
+enum tp_status tp_connect_start(const struct tp_runtime *rt,
+                                const char *uri,
+                                const struct tp_settings *settings,
+                                struct tp_connecting **out);
+
+// A descriptor for the caller's event loop: readable once the connect succeeded or failed.
+// It belongs to the handle: do not close it.
+//
+// # Safety
+// `c` a live handle, `fd` writable.
+enum tp_status tp_connecting_fd(const struct tp_connecting *c, int32_t *fd);
+
+// The connection once made: `TP_ERR_WOULD_BLOCK` while still connecting, the connect's
+// error if it failed, `TP_ERR_INVALID_ARGUMENT` once the connection was given out.
+//
+// # Safety
+// `c` a live handle, `out` writable.
+enum tp_status tp_connect_finish(const struct tp_connecting *c, struct tp_conn **out);
+
+// Frees a connecting handle (NULL: nothing); a connect still in progress is cancelled. A
+// connection already given out by `tp_connect_finish` stays open.
+//
+// # Safety
+// `c` is NULL or a live handle, not used again.
+void tp_connecting_free(struct tp_connecting *c);
 
 // Connects an RPC client to a server at `uri`, waiting up to `timeout_ms` (negative: no
 // limit).

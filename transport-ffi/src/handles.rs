@@ -357,6 +357,28 @@ pub(crate) fn connect(
     })
 }
 
+/// Connects to `ep` in the background: the feed's one item is the connection or the error.
+pub(crate) fn connect_in_background(
+    rt: &Runtime,
+    ep: Endpoint,
+    settings: Settings,
+) -> Result<Fed<Accepted>, Failure> {
+    let (feeder, feed) = ready::feed().map_err(|e| io_failure("eventfd", e))?;
+    let task = rt.spawn(async move {
+        let connected = async {
+            with_transport!(ep, settings, |t, addr| {
+                let conn = t.connect(&addr).await?;
+                Ok(Arc::new(Halves::new(conn)) as Arc<dyn AnyConn>)
+            })
+        };
+        feeder.offer(Item::Last(connected.await)).await;
+    });
+    Ok(Fed {
+        feed,
+        task: task.abort_handle(),
+    })
+}
+
 /// A listener at `ep`, and its URI (the bound port, for port 0).
 pub(crate) fn listen(
     rt: &Runtime,

@@ -209,11 +209,12 @@ fn examples_over(uri: &str) {
             .map(|i| {
                 let (client, bound) = (client.clone(), bound.clone());
                 std::thread::spawn(move || {
-                    run(
-                        &[client.to_str().unwrap(), &bound],
-                        checked,
-                        &format!("client {i}"),
-                    )
+                    // The second connects and receives without blocking.
+                    let mut cmd = vec![client.to_str().unwrap(), bound.as_str()];
+                    if i == 1 {
+                        cmd.push("nb");
+                    }
+                    run(&cmd, checked, &format!("client {i}"))
                 })
             })
             .collect();

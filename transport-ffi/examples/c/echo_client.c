@@ -1,10 +1,14 @@
 /*
- * echo_client URI: connects to an echo_server and checks that messages of every size come
+ * echo_client URI [nb]: connects to an echo_server and checks that messages of every size come
  * back byte-exact, then checks the errors a caller can provoke: a header over
  * TP_MAX_HEADER_LEN, a message over the limit, NULL arguments, a bad URI, a descriptor asked
- * of a runtime without threads. Prints "ok" at the
+ * of a runtime without threads. With `nb`, it connects without blocking instead
+ * (tp_connect_start, poll, tp_connect_finish; first to a socket that does not exist, which
+ * fails) on a runtime with a thread, and receives through the connection's descriptor's
+ * queue. Prints "ok" at the
  * end; exit status 0 when everything held.
  */
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,22 +66,57 @@ static void round_trip(tp_conn *c, size_t hlen, size_t len, int zero_copy) {
     free(data);
 }
 
+/* Connects without blocking: start, wait for the descriptor, finish. */
+static tp_status connect_nb(tp_runtime *rt, const char *uri, const tp_settings *settings,
+                            tp_conn **out) {
+    tp_connecting *pending = NULL;
+    tp_status s = tp_connect_start(rt, uri, settings, &pending);
+    if (s != TP_OK)
+        return s;
+    int fd = -1;
+    s = tp_connecting_fd(pending, &fd);
+    if (s == TP_OK) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        CHECK(poll(&p, 1, 10000) == 1, "the connect's descriptor became readable");
+        s = tp_connect_finish(pending, out);
+        if (s == TP_OK) {
+            tp_conn *again = NULL;
+            CHECK(tp_connect_finish(pending, &again) == TP_ERR_INVALID_ARGUMENT && again == NULL,
+                  "the connection is given out once");
+        }
+    }
+    tp_connecting_free(pending);
+    return s;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: echo_client URI\n");
         return 2;
     }
+    int nb = argc > 2 && strcmp(argv[2], "nb") == 0;
     tp_runtime *rt = NULL;
-    CHECK(tp_runtime_new(0, &rt) == TP_OK, "runtime"); /* this thread drives it */
+    /* 0: this thread drives the runtime; non-blocking connects need a thread of its own. */
+    CHECK(tp_runtime_new(nb ? 1 : 0, &rt) == TP_OK, "runtime");
     tp_conn *c = NULL;
     tp_settings settings;
     memset(&settings, 0, sizeof settings);
     settings.size = sizeof settings;
     settings.max_message_size = 4u << 20;
-    tp_status s = tp_connect(rt, argv[1], &settings, 10000, &c);
+    tp_status s;
+    if (nb) {
+        CHECK(connect_nb(rt, "unix:/nonexistent-dir/none.sock", &settings, &c) != TP_OK
+                  && c == NULL,
+              "a connect to nothing fails through the descriptor");
+        s = connect_nb(rt, argv[1], &settings, &c);
+    } else {
+        s = tp_connect(rt, argv[1], &settings, 10000, &c);
+    }
     CHECK(s == TP_OK, "connect %s: status %d", argv[1], (int)s);
     if (s != TP_OK)
         return 1;
+    int cfd = -1;
+    CHECK((tp_conn_fd(c, &cfd) == TP_OK) == nb, "a descriptor only with runtime threads");
     CHECK(tp_conn_max_message_size(c) == 4u << 20, "limit %zu", tp_conn_max_message_size(c));
 
     size_t sizes[] = {0, 1, 100, 4096, 65536, 1u << 20};
@@ -105,10 +144,14 @@ int main(int argc, char **argv) {
     CHECK(tp_connect(rt, "udp://1.2.3.4:5", NULL, 1000, &bad) == TP_ERR_INVALID_ARGUMENT,
           "bad URI");
     CHECK(strstr(tp_last_error(), "unknown scheme") != NULL, "the message says why");
-    int fd = -1;
-    CHECK(tp_conn_fd(c, &fd) == TP_ERR_UNSUPPORTED && fd == -1,
-          "no background receiving on a runtime without threads");
-    CHECK(tp_try_recv(c, &none) == TP_ERR_UNSUPPORTED, "nor a non-blocking take");
+    if (!nb) {
+        int fd = -1;
+        CHECK(tp_conn_fd(c, &fd) == TP_ERR_UNSUPPORTED && fd == -1,
+              "no background receiving on a runtime without threads");
+        CHECK(tp_try_recv(c, &none) == TP_ERR_UNSUPPORTED, "nor a non-blocking take");
+    } else {
+        CHECK(tp_try_recv(c, &none) == TP_ERR_WOULD_BLOCK && none == NULL, "nothing waits");
+    }
     round_trip(c, 4, 1000, 1);
 
     CHECK(tp_close(c) == TP_OK, "close");

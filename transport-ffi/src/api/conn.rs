@@ -606,3 +606,111 @@ pub unsafe extern "C" fn tp_message_free(m: *mut tp_message) {
         drop(unsafe { Box::from_raw(m) });
     }
 }
+
+/// A connection being made in the background (`tp_connect_start`).
+pub struct tp_connecting {
+    rt: Arc<Runtime>,
+    background: bool,
+    fed: Fed<Accepted>,
+    finished: std::sync::atomic::AtomicBool,
+}
+
+/// Starts connecting to a listener at `uri` without blocking; `tp_connecting_fd` becomes
+/// readable when it succeeded or failed, and `tp_connect_finish` gives the connection. Needs
+/// a runtime with threads. Free the handle with `tp_connecting_free` (which cancels a connect
+/// still in progress).
+///
+/// # Safety
+/// `rt` a live runtime, `uri` a C string, `settings` NULL or valid, `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn tp_connect_start(
+    rt: *const tp_runtime,
+    uri: *const c_char,
+    settings: *const tp_settings,
+    out: *mut *mut tp_connecting,
+) -> tp_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let (rt, uri, s) = unsafe {
+            (
+                handle(rt, "rt")?,
+                text(uri, "uri")?,
+                self::settings(settings)?,
+            )
+        };
+        if out.is_null() {
+            return Err(Failure::arg("out is NULL"));
+        }
+        if !rt.background {
+            return Err(no_background("connecting without blocking"));
+        }
+        let fed = handles::connect_in_background(&rt.rt, Endpoint::parse(uri)?, s)?;
+        let connecting = tp_connecting {
+            rt: rt.rt.clone(),
+            background: rt.background,
+            fed,
+            finished: std::sync::atomic::AtomicBool::new(false),
+        };
+        // SAFETY: `out` checked above.
+        unsafe { give(out, connecting) }
+    })
+}
+
+/// A descriptor for the caller's event loop: readable once the connect succeeded or failed.
+/// It belongs to the handle: do not close it.
+///
+/// # Safety
+/// `c` a live handle, `fd` writable.
+#[no_mangle]
+pub unsafe extern "C" fn tp_connecting_fd(c: *const tp_connecting, fd: *mut i32) -> tp_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let c = unsafe { handle(c, "connecting")? };
+        // SAFETY: per this function's contract.
+        unsafe { put_fd(&c.fed, fd) }
+    })
+}
+
+/// The connection once made: `TP_ERR_WOULD_BLOCK` while still connecting, the connect's
+/// error if it failed, `TP_ERR_INVALID_ARGUMENT` once the connection was given out.
+///
+/// # Safety
+/// `c` a live handle, `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn tp_connect_finish(
+    c: *const tp_connecting,
+    out: *mut *mut tp_conn,
+) -> tp_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let c = unsafe { handle(c, "connecting")? };
+        if out.is_null() {
+            return Err(Failure::arg("out is NULL"));
+        }
+        if c.finished.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Failure::arg("the connection was already given out"));
+        }
+        let inner = c.fed.feed.try_take().ok_or_else(would_block)??;
+        if c.finished.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return Err(Failure::arg("the connection was already given out"));
+        }
+        // SAFETY: `out` checked above.
+        unsafe { give(out, tp_conn::new(c.rt.clone(), c.background, inner)) }
+    })
+}
+
+/// Frees a connecting handle (NULL: nothing); a connect still in progress is cancelled. A
+/// connection already given out by `tp_connect_finish` stays open.
+///
+/// # Safety
+/// `c` is NULL or a live handle, not used again.
+#[no_mangle]
+pub unsafe extern "C" fn tp_connecting_free(c: *mut tp_connecting) {
+    if !c.is_null() {
+        // SAFETY: the caller gives back a handle from tp_connect_start, once.
+        let c = unsafe { Box::from_raw(c) };
+        let rt = c.rt.clone();
+        drop(c);
+        drop_runtime(rt);
+    }
+}
