@@ -38,6 +38,7 @@
 //! printed `TESTBED-RESULT rc=0` and QEMU exited through isa-debug-exit with that status.
 //! See `docs/testbed.md`.
 
+mod c_abi;
 mod fetch;
 mod guest;
 mod initramfs;
@@ -812,6 +813,7 @@ pub fn run_verbs_suite() -> Result<(), String> {
     crate::deps::ensure_build_deps()?;
     let exes = build_verbs_tests()?;
     let bench = build_bench_debug()?;
+    let c_examples = c_abi::build()?;
     let bed = Bed::prepare()?;
     let share = bed.new_share()?;
     let mut tests = Vec::new();
@@ -839,11 +841,22 @@ pub fn run_verbs_suite() -> Result<(), String> {
     }
     let removal = removal.ok_or("transport-verbs' device removal test was not built")?;
     let guest_bench = bed.stage(&share, &bench)?;
+    let guest_c = c_examples
+        .iter()
+        .map(|e| bed.stage(&share, e))
+        .collect::<Result<Vec<_>, _>>()?;
+    let c_step = c_abi::step(&guest_c);
     let mut lines = Vec::new();
     let mut failed = Vec::new();
     for (i, target) in TARGETS.iter().enumerate() {
         let started = Instant::now();
-        let verdict = run_target(&bed, &share, target, i == 0, &tests, &removal, &guest_bench);
+        let suite = Suite {
+            tests: &tests,
+            removal: &removal,
+            guest_bench: &guest_bench,
+            c_step: &c_step,
+        };
+        let verdict = run_target(&bed, &share, target, i == 0, &suite);
         let took = started.elapsed().as_secs_f64();
         match verdict {
             Ok(passed) => lines.push(format!(
@@ -881,6 +894,19 @@ pub fn run_verbs_suite() -> Result<(), String> {
     }
 }
 
+/// What every target's boot runs, staged in the guest.
+#[derive(Clone, Copy)]
+struct Suite<'a> {
+    /// The test binaries (their `test:` steps).
+    tests: &'a [Staged],
+    /// The device removal test, run last.
+    removal: &'a Staged,
+    /// The bench binary's guest path.
+    guest_bench: &'a str,
+    /// The C examples' step ([`c_abi::step`]).
+    c_step: &'a str,
+}
+
 /// One target's boot: the smoke suite if `smoke`, each test binary, the bench's verbs rows,
 /// the verbs soak, and last the device's removal (`removal`, which deletes the device and adds
 /// it back). Returns the number of tests that passed.
@@ -889,10 +915,14 @@ fn run_target(
     share: &Share,
     target: &Target,
     smoke: bool,
-    tests: &[Staged],
-    removal: &Staged,
-    guest_bench: &str,
+    suite: &Suite<'_>,
 ) -> Result<u64, String> {
+    let Suite {
+        tests,
+        removal,
+        guest_bench,
+        c_step,
+    } = *suite;
     let started = Instant::now();
     let mut s = RunScript::default();
     s.raw(&format!("# verbs suite against {}", target.label()));
@@ -922,6 +952,9 @@ fn run_target(
             target.dev
         ),
     );
+    // transport-ffi's C examples over verbs: echo, the poll(2) server with a client that
+    // connects without blocking, RPC with a C handler.
+    s.step("c:verbs-examples", TEST_TIMEOUT, c_step);
     // Faults over time on verbs (`bench soak`): the server process SIGKILLed and restarted
     // under 4 clients, then the clients' process, then queue pairs forced to error one at a
     // time, then the device deleted under verbs and Unix-socket clients and added back; fails on a lost, misdelivered or leaked call, a
@@ -948,7 +981,7 @@ fn run_target(
     );
     names.push(removal.name.clone());
     let n = u32::try_from(tests.len()).unwrap_or(u32::MAX);
-    secs += TEST_TIMEOUT.saturating_mul(n.saturating_add(3));
+    secs += TEST_TIMEOUT.saturating_mul(n.saturating_add(4));
     share.write("run.sh", &s.finish())?;
     let log = Log::create(&bed.cache.join("logs"), &format!("verbs-{}", target.tag))?;
     log.line(&format!("testbed: verbs suite against {}", target.label()));
