@@ -133,11 +133,7 @@ impl fmt::Display for Comparison {
 }
 
 /// Runs `calls` calls of `call` with `concurrency` in flight; returns the elapsed time.
-async fn drive<F, Fut>(
-    calls: usize,
-    concurrency: usize,
-    call: F,
-) -> Result<Duration, Error>
+async fn drive<F, Fut>(calls: usize, concurrency: usize, call: F) -> Result<Duration, Error>
 where
     F: Fn() -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = Result<(), Error>> + Send,
