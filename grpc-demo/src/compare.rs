@@ -179,30 +179,17 @@ pub async fn measure_grpc<T: Transport>(
     }));
     let client = grpc::connect_shared(transport, addr).await?;
 
-    let run = |size: usize, calls: usize| {
-        let client = client.clone();
-        let payload = crate::pattern(size, 1);
-        drive(calls, cfg.concurrency, move || {
-            let mut client = client.clone();
-            let payload = payload.clone();
-            async move {
-                let reply = client
-                    .unary(pb::EchoRequest {
-                        payload: payload.clone(),
-                    })
-                    .await?;
-                check(&reply.into_inner().payload, &payload)
-            }
-        })
-    };
-    run(cfg.small_size, 200).await?; // warm-up
-    let small = run(cfg.small_size, cfg.small_calls).await?;
-    run(cfg.large_size, 5).await?;
-    let large = run(cfg.large_size, cfg.large_calls).await?;
+    let figures = small_then_large(cfg, client.clone(), |mut c, payload| async move {
+        Ok(c.unary(pb::EchoRequest { payload })
+            .await?
+            .into_inner()
+            .payload)
+    })
+    .await?;
     drop(client);
     let _ = stop.send(());
     server.await??;
-    Ok(figures(cfg, small, large))
+    Ok(figures)
 }
 
 /// Measures tonic on its own TCP I/O (tokio `TcpStream`, no adapter): the baseline that
@@ -235,30 +222,17 @@ pub async fn measure_grpc_plain_tcp(cfg: &CompareConfig) -> Result<Figures, Erro
     let client = pb::echo_client::EchoClient::new(channel)
         .max_decoding_message_size(crate::MAX_MESSAGE)
         .max_encoding_message_size(crate::MAX_MESSAGE);
-    let run = |size: usize, calls: usize| {
-        let client = client.clone();
-        let payload = crate::pattern(size, 1);
-        drive(calls, cfg.concurrency, move || {
-            let mut client = client.clone();
-            let payload = payload.clone();
-            async move {
-                let reply = client
-                    .unary(pb::EchoRequest {
-                        payload: payload.clone(),
-                    })
-                    .await?;
-                check(&reply.into_inner().payload, &payload)
-            }
-        })
-    };
-    run(cfg.small_size, 200).await?;
-    let small = run(cfg.small_size, cfg.small_calls).await?;
-    run(cfg.large_size, 5).await?;
-    let large = run(cfg.large_size, cfg.large_calls).await?;
+    let figures = small_then_large(cfg, client.clone(), |mut c, payload| async move {
+        Ok(c.unary(pb::EchoRequest { payload })
+            .await?
+            .into_inner()
+            .payload)
+    })
+    .await?;
     drop(client);
     let _ = stop.send(());
     server.await??;
-    Ok(figures(cfg, small, large))
+    Ok(figures)
 }
 
 /// Measures the native RPC layer over `transport` (server and client in this process).
@@ -276,14 +250,35 @@ pub async fn measure_native<T: Transport>(
     });
     let client = native::NativeEcho::new(transport.connect(&addr).await?);
 
+    let figures = small_then_large(cfg, client.clone(), |c, payload| async move {
+        Ok(c.unary(payload).await?)
+    })
+    .await?;
+    drop(client);
+    server.shutdown().await;
+    serving.await??;
+    Ok(figures)
+}
+
+/// The small echo (after 200 warm-up calls) and the large one (after 5) through `echo`, with
+/// `cfg`'s calls in flight: the figures. Every reply's length is checked.
+async fn small_then_large<C, F, Fut>(
+    cfg: &CompareConfig,
+    client: C,
+    echo: F,
+) -> Result<Figures, Error>
+where
+    C: Clone + Send + 'static,
+    F: Fn(C, Bytes) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<Bytes, Error>> + Send,
+{
     let run = |size: usize, calls: usize| {
-        let client = client.clone();
+        let (client, echo) = (client.clone(), echo.clone());
         let payload = crate::pattern(size, 1);
         drive(calls, cfg.concurrency, move || {
-            let client = client.clone();
-            let payload = payload.clone();
+            let (client, echo, payload) = (client.clone(), echo.clone(), payload.clone());
             async move {
-                let reply = client.unary(payload.clone()).await?;
+                let reply = echo(client, payload.clone()).await?;
                 check(&reply, &payload)
             }
         })
@@ -292,9 +287,6 @@ pub async fn measure_native<T: Transport>(
     let small = run(cfg.small_size, cfg.small_calls).await?;
     run(cfg.large_size, 5).await?;
     let large = run(cfg.large_size, cfg.large_calls).await?;
-    drop(client);
-    server.shutdown().await;
-    serving.await??;
     Ok(figures(cfg, small, large))
 }
 
@@ -338,23 +330,10 @@ async fn run_tarpc_client(
     client: tarpc_echo::TarpcEchoClient,
     cfg: &CompareConfig,
 ) -> Result<Figures, Error> {
-    let run = |size: usize, calls: usize| {
-        let client = client.clone();
-        let payload = crate::pattern(size, 1);
-        drive(calls, cfg.concurrency, move || {
-            let client = client.clone();
-            let payload = payload.clone();
-            async move {
-                let reply = client.unary(tarpc_ctx(), payload.clone()).await?;
-                check(&reply, &payload)
-            }
-        })
-    };
-    run(cfg.small_size, 200).await?;
-    let small = run(cfg.small_size, cfg.small_calls).await?;
-    run(cfg.large_size, 5).await?;
-    let large = run(cfg.large_size, cfg.large_calls).await?;
-    Ok(figures(cfg, small, large))
+    small_then_large(cfg, client, |c, payload| async move {
+        Ok(c.unary(tarpc_ctx(), payload).await?)
+    })
+    .await
 }
 
 /// Measures tarpc over `transport`'s messages (server and client in this process).

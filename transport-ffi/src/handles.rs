@@ -1,7 +1,7 @@
 //! The objects behind the C handles, in safe Rust: each backend's connection, listener, RPC
 //! client and server behind one object-safe trait, driven by blocking on the handle's runtime.
 
-use crate::ready::{self, Feed, Item};
+use crate::ready::{self, Feed, Feeder, Item};
 use crate::status::{tp_status, Failure};
 use crate::uri::Endpoint;
 use bytes::{BufMut, Bytes};
@@ -83,6 +83,22 @@ pub(crate) struct Fed<T> {
     task: tokio::task::AbortHandle,
 }
 
+impl<T: Send + 'static> Fed<T> {
+    /// A new feed, filled by the task `fill` makes of its feeder, spawned on `rt`.
+    fn spawn<F, Fut>(rt: &Runtime, fill: F) -> Result<Fed<T>, Failure>
+    where
+        F: FnOnce(Feeder<T>) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let (feeder, feed) = ready::feed().map_err(|e| io_failure("eventfd", e))?;
+        let task = rt.spawn(fill(feeder));
+        Ok(Fed {
+            feed,
+            task: task.abort_handle(),
+        })
+    }
+}
+
 impl<T> Drop for Fed<T> {
     fn drop(&mut self) {
         self.task.abort();
@@ -120,16 +136,7 @@ where
     C::Receiver: Sync,
 {
     fn send(&self, rt: &Runtime, msg: Message, timeout: Option<Duration>) -> Result<(), Failure> {
-        if msg.len() > self.max {
-            return Err(Failure::new(
-                tp_status::TP_ERR_TOO_LARGE,
-                format!(
-                    "a {}-byte message over the limit of {}",
-                    msg.len(),
-                    self.max
-                ),
-            ));
-        }
+        // Over the limit: the transport refuses it before writing (`TP_ERR_TOO_LARGE`).
         block_on(rt, async {
             let mut tx = self.tx.lock().await;
             within(timeout, tx.send(msg)).await?.map_err(Failure::from)
@@ -156,8 +163,7 @@ where
     }
 
     fn feed(self: Arc<Self>, rt: &Runtime) -> Result<Fed<Received>, Failure> {
-        let (feeder, feed) = ready::feed().map_err(|e| io_failure("eventfd", e))?;
-        let task = rt.spawn(async move {
+        Fed::spawn(rt, |feeder| async move {
             let mut rx = self.rx.lock().await;
             loop {
                 let item = match rx.recv().await {
@@ -172,10 +178,6 @@ where
                     break;
                 }
             }
-        });
-        Ok(Fed {
-            feed,
-            task: task.abort_handle(),
         })
     }
 }
@@ -206,8 +208,7 @@ where
     }
 
     fn feed(self: Arc<Self>, rt: &Runtime) -> Result<Fed<Accepted>, Failure> {
-        let (feeder, feed) = ready::feed().map_err(|e| io_failure("eventfd", e))?;
-        let task = rt.spawn(async move {
+        Fed::spawn(rt, |feeder| async move {
             let mut l = self.0.lock().await;
             loop {
                 let item = match l.accept().await {
@@ -229,10 +230,6 @@ where
                     break;
                 }
             }
-        });
-        Ok(Fed {
-            feed,
-            task: task.abort_handle(),
         })
     }
 }
@@ -363,8 +360,7 @@ pub(crate) fn connect_in_background(
     ep: Endpoint,
     settings: Settings,
 ) -> Result<Fed<Accepted>, Failure> {
-    let (feeder, feed) = ready::feed().map_err(|e| io_failure("eventfd", e))?;
-    let task = rt.spawn(async move {
+    Fed::spawn(rt, |feeder| async move {
         let connected = async {
             with_transport!(ep, settings, |t, addr| {
                 let conn = t.connect(&addr).await?;
@@ -372,10 +368,6 @@ pub(crate) fn connect_in_background(
             })
         };
         feeder.offer(Item::Last(connected.await)).await;
-    });
-    Ok(Fed {
-        feed,
-        task: task.abort_handle(),
     })
 }
 

@@ -142,17 +142,11 @@ pub unsafe extern "C" fn tp_listen(
 ) -> tp_status {
     guard(|| {
         // SAFETY: per this function's contract.
-        let (rt, uri, s) = unsafe {
-            (
-                handle(rt, "rt")?,
-                text(uri, "uri")?,
-                self::settings(settings)?,
-            )
-        };
+        let (rt, ep, s) = unsafe { opening(rt, uri, settings)? };
         if out.is_null() {
             return Err(Failure::arg("out is NULL"));
         }
-        let (inner, uri) = handles::listen(&rt.rt, Endpoint::parse(uri)?, s)?;
+        let (inner, uri) = handles::listen(&rt.rt, ep, s)?;
         let l = tp_listener {
             rt: rt.rt.clone(),
             background: rt.background,
@@ -282,17 +276,11 @@ pub unsafe extern "C" fn tp_connect(
 ) -> tp_status {
     guard(|| {
         // SAFETY: per this function's contract.
-        let (rt, uri, s) = unsafe {
-            (
-                handle(rt, "rt")?,
-                text(uri, "uri")?,
-                self::settings(settings)?,
-            )
-        };
+        let (rt, ep, s) = unsafe { opening(rt, uri, settings)? };
         if out.is_null() {
             return Err(Failure::arg("out is NULL"));
         }
-        let inner = handles::connect(&rt.rt, Endpoint::parse(uri)?, s, timeout(timeout_ms))?;
+        let inner = handles::connect(&rt.rt, ep, s, timeout(timeout_ms))?;
         // SAFETY: `out` checked above.
         unsafe { give(out, tp_conn::new(rt.rt.clone(), rt.background, inner)) }
     })
@@ -631,20 +619,14 @@ pub unsafe extern "C" fn tp_connect_start(
 ) -> tp_status {
     guard(|| {
         // SAFETY: per this function's contract.
-        let (rt, uri, s) = unsafe {
-            (
-                handle(rt, "rt")?,
-                text(uri, "uri")?,
-                self::settings(settings)?,
-            )
-        };
+        let (rt, ep, s) = unsafe { opening(rt, uri, settings)? };
         if out.is_null() {
             return Err(Failure::arg("out is NULL"));
         }
         if !rt.background {
             return Err(no_background("connecting without blocking"));
         }
-        let fed = handles::connect_in_background(&rt.rt, Endpoint::parse(uri)?, s)?;
+        let fed = handles::connect_in_background(&rt.rt, ep, s)?;
         let connecting = tp_connecting {
             rt: rt.rt.clone(),
             background: rt.background,

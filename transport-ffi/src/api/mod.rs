@@ -126,6 +126,27 @@ unsafe fn settings(p: *const tp_settings) -> Result<Settings, Failure> {
     })
 }
 
+/// The arguments every opening call takes (`tp_listen`, `tp_connect`, `tp_rpc_serve`, ...),
+/// checked: the runtime, the URI parsed, the settings read.
+///
+/// # Safety
+/// As for [`handle`], [`text`] and [`settings`].
+unsafe fn opening<'a>(
+    rt: *const tp_runtime,
+    uri: *const c_char,
+    settings: *const tp_settings,
+) -> Result<(&'a tp_runtime, Endpoint, Settings), Failure> {
+    // SAFETY: the caller's promises, passed on.
+    let (rt, uri, s) = unsafe {
+        (
+            handle(rt, "rt")?,
+            text(uri, "uri")?,
+            self::settings(settings)?,
+        )
+    };
+    Ok((rt, Endpoint::parse(uri)?, s))
+}
+
 /// The library's version, for example "0.1.0" (a static string).
 #[no_mangle]
 pub extern "C" fn tp_version() -> *const c_char {

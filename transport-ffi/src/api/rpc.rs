@@ -51,17 +51,11 @@ pub unsafe extern "C" fn tp_rpc_connect(
 ) -> tp_status {
     guard(|| {
         // SAFETY: per this function's contract.
-        let (rt, uri, s) = unsafe {
-            (
-                handle(rt, "rt")?,
-                text(uri, "uri")?,
-                self::settings(settings)?,
-            )
-        };
+        let (rt, ep, s) = unsafe { opening(rt, uri, settings)? };
         if out.is_null() {
             return Err(Failure::arg("out is NULL"));
         }
-        let inner = handles::rpc_connect(&rt.rt, Endpoint::parse(uri)?, s, timeout(timeout_ms))?;
+        let inner = handles::rpc_connect(&rt.rt, ep, s, timeout(timeout_ms))?;
         // SAFETY: `out` checked above.
         unsafe {
             give(
@@ -175,13 +169,7 @@ pub unsafe extern "C" fn tp_rpc_serve(
 ) -> tp_status {
     guard(|| {
         // SAFETY: per this function's contract.
-        let (rt, uri, s) = unsafe {
-            (
-                handle(rt, "rt")?,
-                text(uri, "uri")?,
-                self::settings(settings)?,
-            )
-        };
+        let (rt, ep, s) = unsafe { opening(rt, uri, settings)? };
         let handler = handler.ok_or_else(|| Failure::arg("handler is NULL"))?;
         if !rt.background {
             return Err(Failure::new(
@@ -197,7 +185,7 @@ pub unsafe extern "C" fn tp_rpc_serve(
             let user = user;
             async move { call_handler(handler, user, req) }
         };
-        let (inner, uri) = handles::rpc_serve(&rt.rt, Endpoint::parse(uri)?, s, serve)?;
+        let (inner, uri) = handles::rpc_serve(&rt.rt, ep, s, serve)?;
         // SAFETY: `out` checked above.
         unsafe {
             give(
