@@ -9,7 +9,7 @@
 //! ```
 //! URIs: `unix:PATH`, `tcp://HOST:PORT`.
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes};
 use std::io::Read;
 use std::time::{Duration, Instant};
 use transport_core::rpc::{
@@ -61,7 +61,12 @@ where
 {
     let _in_rt = rt.enter();
     let client = std::sync::Arc::new(RpcClient::new(conn, ClientConfig::default()));
-    let payload = Bytes::from(vec![0u8; size]);
+    // As the C client's: written once in the connection's pool, not copied again.
+    let payload = {
+        let mut b = client.alloc(size);
+        b.put_bytes(0, size);
+        b.freeze()
+    };
     let opts = || CallOptions::deadline(Duration::from_secs(10));
     let check = |b: &Bytes| -> Result<(), Error> {
         if b.len() != size {

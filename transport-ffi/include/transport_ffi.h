@@ -74,6 +74,13 @@ typedef struct tp_listener tp_listener;
 // until `tp_message_free`.
 typedef struct tp_message tp_message;
 
+// A payload frozen from a pool buffer (`tp_buffer_freeze`): immutable, sent any number of
+// times without a copy (`tp_send_payload`, `tp_rpc_call_payload`, `tp_rpc_oneway_payload`),
+// from any thread; its memory returns to the pool when it is freed and the last send that
+// uses it has completed. Sent on a connection other than the one whose pool it came from, it
+// may be copied (verbs copies memory it has not registered).
+typedef struct tp_payload tp_payload;
+
 // Where a handler puts its response (`tp_reply_set`); valid during the handler's call only.
 typedef struct tp_reply tp_reply;
 
@@ -210,8 +217,8 @@ enum tp_status tp_send(const struct tp_conn *c,
                        int32_t timeout_ms);
 
 // A buffer of at least `capacity` bytes from the connection's pool, to fill and send with
-// `tp_send_buffer` (no copy). NULL when `c` is NULL or `capacity` is over the connection's
-// message limit.
+// `tp_send_buffer` (no copy), or to freeze into a payload (`tp_buffer_freeze`). NULL when
+// `c` is NULL or `capacity` is over the connection's message limit.
 //
 // # Safety
 // `c` is NULL or a live connection.
@@ -247,6 +254,17 @@ enum tp_status tp_send_buffer(const struct tp_conn *c,
                               struct tp_buffer *buffer,
                               size_t len,
                               int32_t timeout_ms);
+
+// Sends `payload` (not copied, and still the caller's: free it with `tp_payload_free`)
+// with `header`, as `tp_send` does.
+//
+// # Safety
+// `c` a live connection; `payload` a live payload; `header` NULL with length 0 or readable.
+enum tp_status tp_send_payload(const struct tp_conn *c,
+                               const uint8_t *header,
+                               size_t header_len,
+                               const struct tp_payload *payload,
+                               int32_t timeout_ms);
 
 // Receives the next message, waiting up to `timeout_ms` (negative: no limit).
 // `TP_ERR_CLOSED` when the peer closed cleanly.
@@ -345,6 +363,27 @@ enum tp_status tp_connect_finish(const struct tp_connecting *c, struct tp_conn *
 // `c` is NULL or a live handle, not used again.
 void tp_connecting_free(struct tp_connecting *c);
 
+// Freezes the first `len` bytes of `buffer` into a payload. The buffer is taken whatever
+// the outcome: do not use or free it afterwards. NULL (see `tp_last_error`) when `buffer` is
+// NULL or `len` is over its capacity.
+//
+// # Safety
+// `buffer` is NULL or a live buffer.
+struct tp_payload *tp_buffer_freeze(struct tp_buffer *buffer, size_t len);
+
+// The payload's bytes (`*len` of them; `len` may be NULL), valid until `tp_payload_free`;
+// NULL for a NULL payload.
+//
+// # Safety
+// `p` is NULL or a live payload; `len` NULL or writable.
+const uint8_t *tp_payload_data(const struct tp_payload *p, size_t *len);
+
+// Frees a payload (NULL: nothing). Sends that took it are not affected.
+//
+// # Safety
+// `p` is NULL or a live payload, not used again.
+void tp_payload_free(struct tp_payload *p);
+
 // Connects an RPC client to a server at `uri`, waiting up to `timeout_ms` (negative: no
 // limit).
 //
@@ -369,6 +408,17 @@ enum tp_status tp_rpc_call(const struct tp_rpc_client *c,
                            int32_t timeout_ms,
                            struct tp_message **reply);
 
+// Calls `method` with `request` (not copied, and still the caller's), as `tp_rpc_call`
+// does.
+//
+// # Safety
+// `c` a live client; `request` a live payload; `reply` writable.
+enum tp_status tp_rpc_call_payload(const struct tp_rpc_client *c,
+                                   uint32_t method,
+                                   const struct tp_payload *request,
+                                   int32_t timeout_ms,
+                                   struct tp_message **reply);
+
 // Sends a oneway call (no reply); returns when the transport has taken it.
 //
 // # Safety
@@ -377,6 +427,22 @@ enum tp_status tp_rpc_oneway(const struct tp_rpc_client *c,
                              uint32_t method,
                              const uint8_t *request,
                              size_t request_len);
+
+// Sends a oneway call with `request` (not copied, and still the caller's).
+//
+// # Safety
+// `c` a live client; `request` a live payload.
+enum tp_status tp_rpc_oneway_payload(const struct tp_rpc_client *c,
+                                     uint32_t method,
+                                     const struct tp_payload *request);
+
+// A buffer of at least `capacity` bytes from the client connection's pool (registered
+// memory on verbs), to fill and freeze into a request (`tp_buffer_freeze`). NULL when `c`
+// is NULL or `capacity` is over the largest request payload.
+//
+// # Safety
+// `c` is NULL or a live client.
+struct tp_buffer *tp_rpc_buffer_alloc(const struct tp_rpc_client *c, size_t capacity);
 
 // Closes and frees a client (NULL: nothing): calls in flight fail, the connection ends.
 //

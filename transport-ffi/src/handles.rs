@@ -240,11 +240,15 @@ pub(crate) trait AnyRpcClient: Send + Sync {
         &self,
         rt: &Runtime,
         method: u32,
-        payload: &[u8],
+        payload: Bytes,
         timeout: Option<Duration>,
     ) -> Result<Bytes, Failure>;
-    fn oneway(&self, rt: &Runtime, method: u32, payload: &[u8]) -> Result<(), Failure>;
+    fn oneway(&self, rt: &Runtime, method: u32, payload: Bytes) -> Result<(), Failure>;
     fn close(&self, rt: &Runtime) -> Result<(), Failure>;
+    /// A buffer of the connection's pool.
+    fn alloc(&self, capacity: usize) -> SendBuffer;
+    /// The largest request payload the server takes.
+    fn max_payload(&self) -> usize;
 }
 
 impl<S: MessageSender + Sync> AnyRpcClient for RpcClient<S> {
@@ -252,21 +256,27 @@ impl<S: MessageSender + Sync> AnyRpcClient for RpcClient<S> {
         &self,
         rt: &Runtime,
         method: u32,
-        payload: &[u8],
+        payload: Bytes,
         timeout: Option<Duration>,
     ) -> Result<Bytes, Failure> {
-        let payload = copy_in(self.alloc(payload.len()), payload);
         let opts = CallOptions { deadline: timeout };
         block_on(rt, self.call_with(method, payload, opts))?.map_err(Failure::from)
     }
 
-    fn oneway(&self, rt: &Runtime, method: u32, payload: &[u8]) -> Result<(), Failure> {
-        let payload = copy_in(self.alloc(payload.len()), payload);
+    fn oneway(&self, rt: &Runtime, method: u32, payload: Bytes) -> Result<(), Failure> {
         block_on(rt, RpcClient::oneway(self, method, payload))?.map_err(Failure::from)
     }
 
     fn close(&self, rt: &Runtime) -> Result<(), Failure> {
         block_on(rt, RpcClient::close(self))?.map_err(Failure::from)
+    }
+
+    fn alloc(&self, capacity: usize) -> SendBuffer {
+        RpcClient::alloc(self, capacity)
+    }
+
+    fn max_payload(&self) -> usize {
+        RpcClient::max_payload(self)
     }
 }
 

@@ -30,6 +30,8 @@
 //!   up to `TP_MAX_HEADER_LEN` bytes and a payload), payloads copied in, or written in place in
 //!   a buffer of the connection's pool (`tp_buffer_alloc`, `tp_send_buffer`: registered memory
 //!   on verbs, no copy); received messages are read in place until freed;
+//! - payloads frozen once from a pool buffer (`tp_buffer_freeze`) and sent any number of
+//!   times without a copy (`tp_send_payload`, `tp_rpc_call_payload`, `tp_rpc_oneway_payload`);
 //! - RPC: a client (`tp_rpc_call`, `tp_rpc_oneway`) and a server calling a C handler
 //!   (`tp_rpc_serve`);
 //! - errors as `tp_status` codes with a message (`tp_last_error`); no panic crosses the

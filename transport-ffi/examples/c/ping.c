@@ -2,7 +2,8 @@
  * ping serve URI                  serves method 1 (echo) at URI with a C handler; prints
  *                                 "listening URI", serves until its standard input ends.
  * ping call URI [CALLS [SIZE]]    calls method 1 CALLS times (default 20000) with SIZE bytes
- *                                 (default 0), one at a time, after 1000 warm-up calls; prints
+ *                                 (default 0, written once in the pool and not copied again),
+ *                                 one at a time, after 1000 warm-up calls; prints
  *                                 "CALLS calls of SIZE bytes: X us per call, Y MB/s".
  *
  * The C side of the ABI comparison: `cargo run --release -p transport-ffi --example ping`
@@ -11,8 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "ping_loop.h"
 #include "transport_ffi.h"
 
 static int32_t echo(void *user, uint32_t method, const uint8_t *req, size_t len,
@@ -21,12 +22,6 @@ static int32_t echo(void *user, uint32_t method, const uint8_t *req, size_t len,
     if (method != 1)
         return 1;
     return tp_reply_set(reply, req, len) == TP_OK ? 0 : 2;
-}
-
-static double now_us(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
 }
 
 static int fail(const char *what, tp_status s) {
@@ -67,30 +62,22 @@ int main(int argc, char **argv) {
             tp_runtime_free(rt);
             return fail("connect", s);
         }
-        uint8_t *payload = calloc(1, size ? size : 1);
-        double start = 0;
-        for (long i = -1000; i < calls && rc == 0; i++) {
-            if (i == 0)
-                start = now_us();
-            tp_message *reply = NULL;
-            s = tp_rpc_call(client, 1, payload, size, 10000, &reply);
-            if (s != TP_OK) {
-                rc = fail("call", s);
-                break;
-            }
-            size_t n;
-            tp_message_payload(reply, &n);
-            if (n != size) {
-                fprintf(stderr, "ping: %zu bytes back, %zu sent\n", n, size);
+        tp_payload *payload = ping_payload(client, size);
+        double us = 0;
+        if (payload == NULL) {
+            fprintf(stderr, "ping: payload: %s\n", tp_last_error());
+            rc = 1;
+        } else {
+            int r = ping_loop(client, 1, payload, 1000, calls, &us);
+            if (r > 0)
+                rc = fail("call", (tp_status)r);
+            else if (r < 0)
                 rc = 1;
-            }
-            tp_message_free(reply);
         }
-        double us = now_us() - start;
         if (rc == 0)
             printf("%ld calls of %zu bytes: %.2f us per call, %.1f MB/s\n", calls, size,
                    us / (calls ? calls : 1), calls * (double)size / (us ? us : 1));
-        free(payload);
+        tp_payload_free(payload);
         tp_rpc_client_free(client);
     }
     tp_runtime_free(rt);

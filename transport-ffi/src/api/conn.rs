@@ -336,34 +336,67 @@ pub unsafe extern "C" fn tp_send(
 }
 
 /// A buffer of at least `capacity` bytes from the connection's pool, to fill and send with
-/// `tp_send_buffer` (no copy). NULL when `c` is NULL or `capacity` is over the connection's
-/// message limit.
+/// `tp_send_buffer` (no copy), or to freeze into a payload (`tp_buffer_freeze`). NULL when
+/// `c` is NULL or `capacity` is over the connection's message limit.
 ///
 /// # Safety
 /// `c` is NULL or a live connection.
 #[no_mangle]
 pub unsafe extern "C" fn tp_buffer_alloc(c: *const tp_conn, capacity: usize) -> *mut tp_buffer {
-    let mut made = std::ptr::null_mut();
-    let status = guard(|| {
+    hand_out(|| {
         // SAFETY: per this function's contract.
         let c = unsafe { handle(c, "conn")? };
-        let max = c.inner.max_message_size();
+        tp_buffer::new(capacity, c.inner.max_message_size(), |n| {
+            c.inner.pool().alloc(n)
+        })
+    })
+}
+
+impl tp_buffer {
+    /// A buffer of `capacity` bytes from `alloc`; `TP_ERR_TOO_LARGE` over `max`.
+    pub(super) fn new(
+        capacity: usize,
+        max: usize,
+        alloc: impl FnOnce(usize) -> SendBuffer,
+    ) -> Result<tp_buffer, Failure> {
         if capacity > max {
             return Err(Failure::new(
                 tp_status::TP_ERR_TOO_LARGE,
                 format!("a {capacity}-byte buffer over the message limit of {max}"),
             ));
         }
-        let mut buf = c.inner.pool().alloc(capacity);
+        let mut buf = alloc(capacity);
         let data = buf
             .fill(capacity)
             .ok_or_else(|| Failure::new(tp_status::TP_ERR_INTERNAL, "the pool's buffer is short"))?
             .as_mut_ptr();
-        made = Box::into_raw(Box::new(tp_buffer {
+        Ok(tp_buffer {
             buf,
             data,
             capacity,
-        }));
+        })
+    }
+
+    /// Its first `len` bytes, frozen without a copy.
+    pub(super) fn freeze(self, len: usize) -> Result<Bytes, Failure> {
+        if len > self.capacity {
+            return Err(Failure::arg(format!(
+                "len {len} is over the buffer's capacity {}",
+                self.capacity
+            )));
+        }
+        let mut bytes = self.buf.freeze();
+        bytes.truncate(len);
+        Ok(bytes)
+    }
+}
+
+/// The buffer `make` returns, boxed for the caller; NULL (and the last error set) when it
+/// fails.
+pub(super) fn hand_out(make: impl FnOnce() -> Result<tp_buffer, Failure>) -> *mut tp_buffer {
+    let mut made = std::ptr::null_mut();
+    let status = guard(|| {
+        made = Box::into_raw(Box::new(make()?));
         Ok(())
     });
     if status == tp_status::TP_OK {
@@ -428,18 +461,42 @@ pub unsafe extern "C" fn tp_send_buffer(
     guard(|| {
         // SAFETY: per this function's contract.
         let (c, h) = unsafe { (handle(c, "conn")?, bytes_at(header, header_len, "header")?) };
-        let b = buffer.ok_or_else(|| Failure::arg("buffer is NULL"))?;
-        if len > b.capacity {
-            return Err(Failure::arg(format!(
-                "len {len} is over the buffer's capacity {}",
-                b.capacity
-            )));
-        }
-        let mut payload = b.buf.freeze();
-        payload.truncate(len);
+        let payload = buffer
+            .ok_or_else(|| Failure::arg("buffer is NULL"))?
+            .freeze(len)?;
         c.inner.send(
             &c.rt,
             Message::new(self::header(h)?, payload),
+            timeout(timeout_ms),
+        )
+    })
+}
+
+/// Sends `payload` (not copied, and still the caller's: free it with `tp_payload_free`)
+/// with `header`, as `tp_send` does.
+///
+/// # Safety
+/// `c` a live connection; `payload` a live payload; `header` NULL with length 0 or readable.
+#[no_mangle]
+pub unsafe extern "C" fn tp_send_payload(
+    c: *const tp_conn,
+    header: *const u8,
+    header_len: usize,
+    payload: *const tp_payload,
+    timeout_ms: i32,
+) -> tp_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let (c, h, p) = unsafe {
+            (
+                handle(c, "conn")?,
+                bytes_at(header, header_len, "header")?,
+                handle(payload, "payload")?,
+            )
+        };
+        c.inner.send(
+            &c.rt,
+            Message::new(self::header(h)?, p.bytes.clone()),
             timeout(timeout_ms),
         )
     })

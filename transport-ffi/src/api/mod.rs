@@ -14,9 +14,11 @@ use transport_core::rpc::Request;
 use transport_core::{HeaderBytes, Message, SendBuffer, MAX_HEADER_LEN};
 
 mod conn;
+mod payload;
 mod rpc;
 
 pub use conn::*;
+pub use payload::*;
 pub use rpc::*;
 
 /// A runtime: the threads that drive the connections opened with it. Every handle keeps its

@@ -92,14 +92,51 @@ pub unsafe extern "C" fn tp_rpc_call(
                 bytes_at(request, request_len, "request")?,
             )
         };
-        if reply.is_null() {
-            return Err(Failure::arg("reply is NULL"));
-        }
-        let payload = c.inner.call(&c.rt, method, req, timeout(timeout_ms))?;
-        let msg = Message::new(HeaderBytes::EMPTY, payload);
-        // SAFETY: `reply` checked above.
-        unsafe { give(reply, tp_message { msg }) }
+        let payload = copy_in(c.inner.alloc(req.len()), req);
+        // SAFETY: per this function's contract.
+        unsafe { call(c, method, payload, timeout_ms, reply) }
     })
+}
+
+/// Calls `method` with `request` (not copied, and still the caller's), as `tp_rpc_call`
+/// does.
+///
+/// # Safety
+/// `c` a live client; `request` a live payload; `reply` writable.
+#[no_mangle]
+pub unsafe extern "C" fn tp_rpc_call_payload(
+    c: *const tp_rpc_client,
+    method: u32,
+    request: *const tp_payload,
+    timeout_ms: i32,
+    reply: *mut *mut tp_message,
+) -> tp_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let (c, req) = unsafe { (handle(c, "client")?, handle(request, "request")?) };
+        // SAFETY: per this function's contract.
+        unsafe { call(c, method, req.bytes.clone(), timeout_ms, reply) }
+    })
+}
+
+/// The call behind `tp_rpc_call` and `tp_rpc_call_payload`.
+///
+/// # Safety
+/// `reply` NULL or writable.
+unsafe fn call(
+    c: &tp_rpc_client,
+    method: u32,
+    payload: Bytes,
+    timeout_ms: i32,
+    reply: *mut *mut tp_message,
+) -> Result<(), Failure> {
+    if reply.is_null() {
+        return Err(Failure::arg("reply is NULL"));
+    }
+    let payload = c.inner.call(&c.rt, method, payload, timeout(timeout_ms))?;
+    let msg = Message::new(HeaderBytes::EMPTY, payload);
+    // SAFETY: `reply` checked above.
+    unsafe { give(reply, tp_message { msg }) }
 }
 
 /// Sends a oneway call (no reply); returns when the transport has taken it.
@@ -121,7 +158,43 @@ pub unsafe extern "C" fn tp_rpc_oneway(
                 bytes_at(request, request_len, "request")?,
             )
         };
-        c.inner.oneway(&c.rt, method, req)
+        let payload = copy_in(c.inner.alloc(req.len()), req);
+        c.inner.oneway(&c.rt, method, payload)
+    })
+}
+
+/// Sends a oneway call with `request` (not copied, and still the caller's).
+///
+/// # Safety
+/// `c` a live client; `request` a live payload.
+#[no_mangle]
+pub unsafe extern "C" fn tp_rpc_oneway_payload(
+    c: *const tp_rpc_client,
+    method: u32,
+    request: *const tp_payload,
+) -> tp_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let (c, req) = unsafe { (handle(c, "client")?, handle(request, "request")?) };
+        c.inner.oneway(&c.rt, method, req.bytes.clone())
+    })
+}
+
+/// A buffer of at least `capacity` bytes from the client connection's pool (registered
+/// memory on verbs), to fill and freeze into a request (`tp_buffer_freeze`). NULL when `c`
+/// is NULL or `capacity` is over the largest request payload.
+///
+/// # Safety
+/// `c` is NULL or a live client.
+#[no_mangle]
+pub unsafe extern "C" fn tp_rpc_buffer_alloc(
+    c: *const tp_rpc_client,
+    capacity: usize,
+) -> *mut tp_buffer {
+    hand_out(|| {
+        // SAFETY: per this function's contract.
+        let c = unsafe { handle(c, "client")? };
+        tp_buffer::new(capacity, c.inner.max_payload(), |n| c.inner.alloc(n))
     })
 }
 
