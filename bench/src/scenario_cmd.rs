@@ -7,6 +7,7 @@
 //! bench scenario slow-clients  the same with a handler that takes 500 ms (a timer, no CPU)
 //! bench scenario orb           "one call per connection, five connections" vs the pipelined default
 //! bench scenario framework     gRPC (tonic over the byte-stream adapter) and tarpc on messages vs native RPC
+//! bench scenario c-abi         the C client (transport-ffi's C ABI) vs the same client in Rust
 //! bench scenario all           every scenario above
 //! ```
 //!
@@ -16,6 +17,7 @@ use crate::args::{Pin, TransportName};
 use crate::local::placement;
 use crate::plot::{Figure, Line, Marker, Panel, Series, Style, XAxis, YFormat};
 use crate::report::{size_label, Placement, Table, Unavailable};
+use bench::c_abi::{self, CAbiRow};
 use bench::scenarios::load::{
     run_load, LoadConfig, Mode, Ping, ScenarioHandler, SendBytes, Slow, Stats, Typed, TypedKind,
     Workload,
@@ -34,6 +36,7 @@ use transport_core::rpc::{RpcServer, ServerConfig};
 use transport_core::Transport;
 use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
+use transport_verbs::{VerbsConfig, VerbsTransport};
 
 /// The scenarios.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -52,6 +55,8 @@ pub enum ScenarioName {
     /// What a framework costs: gRPC (tonic over `transport-stream`) and tarpc (on
     /// `transport-tarpc`) vs native RPC.
     Framework,
+    /// What the C ABI costs: transport-ffi's C ping client vs its Rust twin, in rounds.
+    CAbi,
     /// Every scenario.
     All,
 }
@@ -66,6 +71,7 @@ impl ScenarioName {
                 ScenarioName::SlowClients,
                 ScenarioName::Orb,
                 ScenarioName::Framework,
+                ScenarioName::CAbi,
             ],
             s => vec![s],
         }
@@ -79,6 +85,7 @@ impl ScenarioName {
             ScenarioName::SlowClients => "slow-clients",
             ScenarioName::Orb => "orb",
             ScenarioName::Framework => "framework",
+            ScenarioName::CAbi => "c-abi",
             ScenarioName::All => "all",
         }
     }
@@ -90,7 +97,7 @@ impl ScenarioName {
             ScenarioName::Structured | ScenarioName::Orb => 1.0,
             ScenarioName::Clients => 2.0,
             ScenarioName::SlowClients => 3.0,
-            ScenarioName::Framework | ScenarioName::All => 1.0,
+            ScenarioName::Framework | ScenarioName::CAbi | ScenarioName::All => 1.0,
         }
     }
 }
@@ -128,12 +135,17 @@ pub struct ScenarioArgs {
     /// Orb scenario: payload of each call (K/M suffixes).
     #[arg(long, default_value = "64K", value_parser = crate::args::parse_size)]
     pub payload: usize,
-    /// Framework scenario: number of small (64 B) unary calls per framework.
+    /// Framework and c-abi scenarios: number of small unary calls (64 B; c-abi: 0 B) per
+    /// framework or client (c-abi: per round).
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
     pub small_calls: u64,
-    /// Framework scenario: number of 1 MiB unary echoes per framework.
+    /// Framework and c-abi scenarios: number of 1 MiB unary echoes per framework or client
+    /// (c-abi: per round).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     pub large_calls: u64,
+    /// C-abi scenario: rounds, each running both clients (in alternating order).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub rounds: u64,
     /// CPU placement of client and server.
     #[arg(long, value_enum, default_value_t = Pin::Same)]
     pub pin: Pin,
@@ -215,6 +227,8 @@ pub struct ScenarioReport {
     pub rows: Vec<Row>,
     /// The framework scenario's rows.
     pub framework: Vec<FrameworkRow>,
+    /// The c-abi scenario's rows.
+    pub c_abi: Vec<CAbiRow>,
     /// Transports not measured, and why.
     pub unavailable: Vec<Unavailable>,
     /// Wall time of the run, seconds.
@@ -248,8 +262,10 @@ pub fn run(args: &ScenarioArgs) -> Result<(), String> {
     };
     let mut rows = Vec::new();
     let mut framework = Vec::new();
+    let mut c_abi = Vec::new();
     let mut unavailable = Vec::new();
     let fw = scenarios.contains(&ScenarioName::Framework);
+    let c = scenarios.contains(&ScenarioName::CAbi);
     for t in wanted {
         match t {
             TransportName::Uds => {
@@ -265,8 +281,19 @@ pub fn run(args: &ScenarioArgs) -> Result<(), String> {
                         let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         UdsAddr(dir.path().join(format!("fw-{i}.sock")))
                     };
-                    framework
-                        .push(rt.block_on(compare_frameworks("uds", uds, addr, args, &progress))?);
+                    framework.push(rt.block_on(compare_frameworks(
+                        "uds",
+                        uds.clone(),
+                        addr,
+                        args,
+                        &progress,
+                    ))?);
+                }
+                if c {
+                    let path = dir.path().join("c-abi.sock");
+                    let at = spawn_echo_server(uds.clone(), UdsAddr(path), place.server_core)?;
+                    let uri = format!("unix:{}", at.0.display());
+                    c_abi.push(compare_c_abi("uds", &uds, &at, &uri, args, &progress)?);
                 }
                 drop(dir);
             }
@@ -278,11 +305,16 @@ pub fn run(args: &ScenarioArgs) -> Result<(), String> {
                 if fw {
                     framework.push(rt.block_on(compare_frameworks(
                         "tcp",
-                        tcp,
+                        tcp.clone(),
                         || any,
                         args,
                         &progress,
                     ))?);
+                }
+                if c {
+                    let at = spawn_echo_server(tcp.clone(), any, place.server_core)?;
+                    let uri = format!("tcp://{at}");
+                    c_abi.push(compare_c_abi("tcp", &tcp, &at, &uri, args, &progress)?);
                 }
             }
             TransportName::Verbs => match crate::local::verbs_here(&args.verbs) {
@@ -294,11 +326,19 @@ pub fn run(args: &ScenarioArgs) -> Result<(), String> {
                     if fw {
                         framework.push(rt.block_on(compare_frameworks(
                             "verbs",
-                            verbs,
+                            verbs.clone(),
                             || any,
                             args,
                             &progress,
                         ))?);
+                    }
+                    if c {
+                        // Both clients with the default settings, as a `verbs://` URI opens.
+                        let at = spawn_echo_server(verbs, any, place.server_core)?;
+                        let client = VerbsTransport::new(VerbsConfig::default())
+                            .map_err(|e| format!("verbs: {e}"))?;
+                        let uri = format!("verbs://{at}");
+                        c_abi.push(compare_c_abi("verbs", &client, &at, &uri, args, &progress)?);
                     }
                 }
                 Err(reason) => unavailable.push(Unavailable {
@@ -315,6 +355,7 @@ pub fn run(args: &ScenarioArgs) -> Result<(), String> {
         placement: place,
         rows,
         framework,
+        c_abi,
         unavailable,
         wall_seconds: started.elapsed().as_secs_f64(),
     };
@@ -340,7 +381,7 @@ fn cells(s: ScenarioName, args: &ScenarioArgs) -> u64 {
         ScenarioName::Structured => Mode::ALL.len() as u64,
         ScenarioName::Clients | ScenarioName::SlowClients => args.clients.len() as u64,
         ScenarioName::Orb => 4,
-        ScenarioName::Framework => 1,
+        ScenarioName::Framework | ScenarioName::CAbi => 1,
         ScenarioName::All => 0,
     }
 }
@@ -366,6 +407,67 @@ fn spawn_server<T: Transport + Clone>(
             let _ = server.serve(listener).await;
         },
     )
+}
+
+/// A server answering the bench's echo method, as `tp_rpc_serve` runs one (with the
+/// spin-before-park hook).
+fn spawn_echo_server<T: Transport + Clone>(
+    transport: T,
+    addr: T::Addr,
+    core: Option<usize>,
+) -> Result<T::Addr, String> {
+    crate::local::spawn_server_with(
+        transport,
+        addr,
+        core,
+        transport_core::spin::DEFAULT_BUDGET,
+        |listener| async move {
+            let handler = crate::proto::rpc_handler(crate::proto::payload_pool());
+            let _ = RpcServer::new(handler, ServerConfig::default())
+                .serve(listener)
+                .await;
+        },
+    )
+}
+
+/// The C client against its Rust twin on one transport (`bench::c_abi`): 0 B calls and
+/// 1 MiB echoes, `--rounds` rounds. Runs on the calling thread, outside any runtime (both
+/// clients drive runtimes of their own).
+fn compare_c_abi<T: Transport>(
+    name: &'static str,
+    transport: &T,
+    addr: &T::Addr,
+    uri: &str,
+    args: &ScenarioArgs,
+    progress: &ProgressBar,
+) -> Result<CAbiRow, String>
+where
+    <T::Connection as transport_core::Connection>::Sender: transport_core::MessageSender + Sync,
+{
+    progress.set_message(format!("{name} c-abi"));
+    let small = c_abi::Run {
+        method: crate::proto::method::ECHO,
+        size: 0,
+        warmup: 1000,
+        calls: args.small_calls,
+    };
+    let large = c_abi::Run {
+        size: 1 << 20,
+        warmup: 10,
+        calls: args.large_calls,
+        ..small
+    };
+    let row = c_abi::compare(
+        name,
+        args.rounds as usize,
+        small,
+        large,
+        |run| c_abi::c_client(uri, run),
+        |run| c_abi::rust_client(transport, addr, run),
+    )
+    .map_err(|e| format!("{name} c-abi: {e}"))?;
+    progress.inc(1);
+    Ok(row)
 }
 
 struct Ctx<'a, T: Transport> {
@@ -518,6 +620,7 @@ async fn run_on<T: Transport>(
                 }
             }
             ScenarioName::Framework => {} // measured by compare_frameworks
+            ScenarioName::CAbi => {}      // measured by compare_c_abi
             ScenarioName::All => unreachable!("expanded"),
         }
     }
@@ -641,6 +744,10 @@ pub fn render(r: &ScenarioReport) -> String {
             );
             continue;
         }
+        if s == ScenarioName::CAbi && !r.c_abi.is_empty() {
+            c_abi_table(&mut out, &r.c_abi);
+            continue;
+        }
         let rows: Vec<&Row> = r.rows.iter().filter(|x| x.scenario == s.label()).collect();
         if rows.is_empty() {
             continue;
@@ -746,7 +853,7 @@ pub fn render(r: &ScenarioReport) -> String {
                         .collect(),
                 );
             }
-            ScenarioName::Framework | ScenarioName::All => {}
+            ScenarioName::Framework | ScenarioName::CAbi | ScenarioName::All => {}
         }
     }
     for x in &r.rows {
@@ -777,6 +884,41 @@ fn mode_name(m: Option<Mode>) -> String {
         None => "-",
     }
     .into()
+}
+
+/// The c-abi scenario's table.
+fn c_abi_table(out: &mut String, rows: &[CAbiRow]) {
+    let _ = writeln!(
+        out,
+        "\nwhat the C ABI costs: transport-ffi's C client vs the same client in Rust, one call in flight, median of {} rounds",
+        rows[0].rounds
+    );
+    table(
+        out,
+        &[
+            "transport",
+            "0 B call µs C",
+            "Rust",
+            "C/Rust",
+            "1 MiB echo MB/s C",
+            "Rust",
+            "C/Rust time",
+        ],
+        1,
+        rows.iter()
+            .map(|f| {
+                vec![
+                    f.transport.to_string(),
+                    format!("{:.2}", f.small_us.0),
+                    format!("{:.2}", f.small_us.1),
+                    format!("{:.3}x", f.c_over_rust.0),
+                    format!("{:.1}", f.large_mb_per_s.0),
+                    format!("{:.1}", f.large_mb_per_s.1),
+                    format!("{:.3}x", f.c_over_rust.1),
+                ]
+            })
+            .collect(),
+    );
 }
 
 /// Typed throughput: one line per (transport, payload kind, size), modes as columns.
@@ -1053,6 +1195,42 @@ fn plot_row(r: &ScenarioReport, scenario: ScenarioName) -> Option<Vec<Panel>> {
                 ),
             ]
         }
+        ScenarioName::CAbi => {
+            let names: Vec<String> = r.c_abi.iter().map(|f| f.transport.into()).collect();
+            let bars = |f: &dyn Fn(&CAbiRow) -> [f64; 2]| {
+                [("C", 4), ("Rust", 2)]
+                    .into_iter()
+                    .enumerate()
+                    .map(|(k, (label, c))| Series {
+                        label: label.into(),
+                        style: Style::new(c, Line::Bars, Marker::Dot),
+                        points: r
+                            .c_abi
+                            .iter()
+                            .enumerate()
+                            .map(|(i, row)| (i as f64, f(row)[k]))
+                            .collect(),
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let x = XAxis::Categories(names);
+            vec![
+                panel(
+                    "c-abi: 0 B calls, µs per call (lower is better)".into(),
+                    x.clone(),
+                    "transport",
+                    "µs per call",
+                    bars(&|f| [f.small_us.0, f.small_us.1]),
+                ),
+                panel(
+                    "c-abi: 1 MiB echo, MB/s".into(),
+                    x,
+                    "transport",
+                    "MB/s",
+                    bars(&|f| [f.large_mb_per_s.0, f.large_mb_per_s.1]),
+                ),
+            ]
+        }
         ScenarioName::All => Vec::new(),
     };
     panels
@@ -1105,7 +1283,11 @@ mod tests {
     fn scenario_tables_render_through_the_report_table() {
         let report = ScenarioReport {
             version: "test",
-            scenarios: vec![ScenarioName::Clients, ScenarioName::Framework],
+            scenarios: vec![
+                ScenarioName::Clients,
+                ScenarioName::Framework,
+                ScenarioName::CAbi,
+            ],
             placement: crate::report::tests::placement(),
             rows: vec![
                 row(ScenarioName::Clients, "uds", "ping", 10, 1000.0),
@@ -1119,6 +1301,15 @@ mod tests {
                 tarpc: (12_000.0, 500.0),
                 tarpc_ratio: (0.3, 0.67),
                 tarpc_serde_tcp: None,
+            }],
+            c_abi: vec![CAbiRow {
+                transport: "tcp",
+                rounds: 3,
+                small_bytes: 0,
+                small_us: (22.0, 21.75),
+                large_bytes: 1 << 20,
+                large_mb_per_s: (2213.7, 2212.9),
+                c_over_rust: (1.0115, 0.9661),
             }],
             unavailable: vec![Unavailable {
                 transport: "verbs".into(),
@@ -1144,6 +1335,10 @@ tarpc on messages (transport-tarpc) vs native RPC, and tarpc's own serde_transpo
 transport  64 B calls/s tarpc  1 MiB echo MB/s tarpc  tarpc/native small  large  serde_transport calls/s  MB/s
 uds                     12000                  500.0               0.30x  0.67x                        -     -
 
+what the C ABI costs: transport-ffi's C client vs the same client in Rust, one call in flight, median of 3 rounds
+transport  0 B call µs C   Rust  C/Rust  1 MiB echo MB/s C    Rust  C/Rust time
+tcp                22.00  21.75  1.012x             2213.7  2212.9       0.966x
+
 wall time 1.0 s
 ";
         assert_eq!(text, want, "{text}");
@@ -1167,6 +1362,7 @@ wall time 1.0 s
                 row(ScenarioName::Clients, "uds", "ping", 10, 1.0),
             ],
             framework: Vec::new(),
+            c_abi: Vec::new(),
             unavailable: Vec::new(),
             wall_seconds: 1.0,
         };
@@ -1205,6 +1401,7 @@ wall time 1.0 s
                 ScenarioName::Typed,
                 ScenarioName::Clients,
                 ScenarioName::Framework,
+                ScenarioName::CAbi,
             ],
             placement: crate::report::tests::placement(),
             rows,
@@ -1216,6 +1413,15 @@ wall time 1.0 s
                 tarpc: (12_000.0, 500.0),
                 tarpc_ratio: (0.3, 0.67),
                 tarpc_serde_tcp: Some((11_000.0, 450.0)),
+            }],
+            c_abi: vec![CAbiRow {
+                transport: "uds",
+                rounds: 3,
+                small_bytes: 0,
+                small_us: (14.7, 14.6),
+                large_bytes: 1 << 20,
+                large_mb_per_s: (2949.4, 2976.5),
+                c_over_rust: (1.01, 1.015),
             }],
             unavailable: Vec::new(),
             wall_seconds: 1.0,
@@ -1235,6 +1441,8 @@ wall time 1.0 s
             "gRPC",
             "tarpc",
             "native",
+            "C",
+            "Rust",
         ] {
             assert!(has(l), "no legend {l:?} in {labels:?}");
         }
@@ -1244,5 +1452,6 @@ wall time 1.0 s
         assert!(!has_raw_byte_count(&labels), "{labels:?}");
         assert!(!labels.iter().any(|l| l.contains("499293")), "{labels:?}");
         assert!(has("framework: 64 B unary calls/s"), "{labels:?}");
+        assert!(has("c-abi: 1 MiB echo, MB/s"), "{labels:?}");
     }
 }

@@ -17,7 +17,7 @@ fn bad_arguments_are_named() {
     assert!(!o.status.success());
     assert!(
         stderr(&o).contains(
-            "possible values: typed, structured, clients, slow-clients, orb, framework, all"
+            "possible values: typed, structured, clients, slow-clients, orb, framework, c-abi, all"
         ),
         "{}",
         stderr(&o)
@@ -192,4 +192,48 @@ fn framework_scenario_compares_grpc_and_tarpc_with_native_rpc() {
         f[0]["tarpc_serde_tcp"].is_null(),
         "measured on tcp only: {v}"
     );
+}
+
+#[test]
+fn c_abi_scenario_runs_the_c_client_beside_the_rust_one_on_each_transport() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("c.svg");
+    let o = bench(&[
+        "scenario",
+        "c-abi",
+        "--transports",
+        "uds,tcp",
+        "--small-calls",
+        "30",
+        "--large-calls",
+        "2",
+        "--rounds",
+        "2",
+        "--plot",
+        svg.to_str().unwrap(),
+        "--json",
+    ]);
+    let v = json(&o);
+    let rows = v["c_abi"].as_array().unwrap();
+    let names: Vec<&str> = rows
+        .iter()
+        .map(|r| r["transport"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["uds", "tcp"], "{v}");
+    for r in rows {
+        assert_eq!(r["rounds"], 2, "{v}");
+        assert_eq!(r["large_bytes"], 1 << 20, "{v}");
+        for k in ["small_us", "large_mb_per_s", "c_over_rust"] {
+            let pair = r[k].as_array().unwrap();
+            assert!(pair.iter().all(|x| x.as_f64().unwrap() > 0.0), "{k}: {v}");
+        }
+    }
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        plot.contains("c-abi: 0 B calls"),
+        "the c-abi panels are drawn"
+    );
+    let o = bench(&["scenario", "c-abi", "--rounds", "0"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--rounds"), "{}", stderr(&o));
 }
