@@ -141,6 +141,9 @@ pub struct CAbiRow {
     /// C's time per call over Rust's, small and large (median of the rounds' ratios; 1.05
     /// is an ABI that costs 5%).
     pub c_over_rust: (f64, f64),
+    /// The lowest and highest of the rounds' ratios, small and large: the spread (on tcp a
+    /// 1 MiB echo's rate changes from one connection to the next, whichever the client).
+    pub c_over_rust_range: ((f64, f64), (f64, f64)),
 }
 
 /// The median of `v` (NaN when empty).
@@ -183,8 +186,14 @@ pub fn compare(
             into.1.push(per_call(rt, run));
         }
     }
-    let ratios =
-        |t: &(Vec<f64>, Vec<f64>)| median(t.0.iter().zip(&t.1).map(|(c, r)| c / r).collect());
+    let ratios = |t: &(Vec<f64>, Vec<f64>)| -> Vec<f64> {
+        t.0.iter().zip(&t.1).map(|(c, r)| c / r).collect()
+    };
+    let range = |v: Vec<f64>| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (lo, hi)
+    };
     let mb_s = |secs: f64| large.size as f64 / secs / 1e6;
     Ok(CAbiRow {
         transport,
@@ -199,7 +208,8 @@ pub fn compare(
             mb_s(median(large_t.0.clone())),
             mb_s(median(large_t.1.clone())),
         ),
-        c_over_rust: (ratios(&small_t), ratios(&large_t)),
+        c_over_rust: (median(ratios(&small_t)), median(ratios(&large_t))),
+        c_over_rust_range: (range(ratios(&small_t)), range(ratios(&large_t))),
     })
 }
 
@@ -259,6 +269,11 @@ mod tests {
         );
         assert!((row.c_over_rust.0 - 1.1).abs() < 1e-9, "{row:?}");
         assert!((row.c_over_rust.1 - 1.2).abs() < 1e-9, "{row:?}");
+        let (lo, hi) = row.c_over_rust_range.0;
+        assert!(
+            (lo - 1.1).abs() < 1e-9 && (hi - 1.1).abs() < 1e-9,
+            "{row:?}"
+        );
         assert!((row.small_us.0 - 11.0).abs() < 1e-9, "{row:?}");
         // 1 MiB in 1 ms per call (Rust): 1048.576 MB/s.
         assert!((row.large_mb_per_s.1 - 1048.576).abs() < 1e-6, "{row:?}");

@@ -888,6 +888,7 @@ fn mode_name(m: Option<Mode>) -> String {
 
 /// The c-abi scenario's table.
 fn c_abi_table(out: &mut String, rows: &[CAbiRow]) {
+    let range = |(lo, hi): (f64, f64)| format!("{lo:.2}-{hi:.2}");
     let _ = writeln!(
         out,
         "\nwhat the C ABI costs: transport-ffi's C client vs the same client in Rust, one call in flight, median of {} rounds",
@@ -900,9 +901,11 @@ fn c_abi_table(out: &mut String, rows: &[CAbiRow]) {
             "0 B call µs C",
             "Rust",
             "C/Rust",
+            "rounds",
             "1 MiB echo MB/s C",
             "Rust",
             "C/Rust time",
+            "rounds",
         ],
         1,
         rows.iter()
@@ -912,9 +915,11 @@ fn c_abi_table(out: &mut String, rows: &[CAbiRow]) {
                     format!("{:.2}", f.small_us.0),
                     format!("{:.2}", f.small_us.1),
                     format!("{:.3}x", f.c_over_rust.0),
+                    range(f.c_over_rust_range.0),
                     format!("{:.1}", f.large_mb_per_s.0),
                     format!("{:.1}", f.large_mb_per_s.1),
                     format!("{:.3}x", f.c_over_rust.1),
+                    range(f.c_over_rust_range.1),
                 ]
             })
             .collect(),
@@ -1310,6 +1315,7 @@ mod tests {
                 large_bytes: 1 << 20,
                 large_mb_per_s: (2213.7, 2212.9),
                 c_over_rust: (1.0115, 0.9661),
+                c_over_rust_range: ((1.004, 1.05), (0.81, 1.32)),
             }],
             unavailable: vec![Unavailable {
                 transport: "verbs".into(),
@@ -1336,8 +1342,8 @@ transport  64 B calls/s tarpc  1 MiB echo MB/s tarpc  tarpc/native small  large 
 uds                     12000                  500.0               0.30x  0.67x                        -     -
 
 what the C ABI costs: transport-ffi's C client vs the same client in Rust, one call in flight, median of 3 rounds
-transport  0 B call µs C   Rust  C/Rust  1 MiB echo MB/s C    Rust  C/Rust time
-tcp                22.00  21.75  1.012x             2213.7  2212.9       0.966x
+transport  0 B call µs C   Rust  C/Rust     rounds  1 MiB echo MB/s C    Rust  C/Rust time     rounds
+tcp                22.00  21.75  1.012x  1.00-1.05             2213.7  2212.9       0.966x  0.81-1.32
 
 wall time 1.0 s
 ";
@@ -1422,6 +1428,7 @@ wall time 1.0 s
                 large_bytes: 1 << 20,
                 large_mb_per_s: (2949.4, 2976.5),
                 c_over_rust: (1.01, 1.015),
+                c_over_rust_range: ((1.0, 1.02), (0.99, 1.03)),
             }],
             unavailable: Vec::new(),
             wall_seconds: 1.0,
