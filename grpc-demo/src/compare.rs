@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 use transport_core::rpc::RpcServer;
 use transport_core::{Listener, Transport};
 use transport_stream::{ByteStreamConfig, StreamListener};
+use transport_tarpc::Payload;
 
 /// Any error of a comparison run.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -331,7 +332,7 @@ async fn run_tarpc_client(
     cfg: &CompareConfig,
 ) -> Result<Figures, Error> {
     small_then_large(cfg, client, |c, payload| async move {
-        Ok(c.unary(tarpc_ctx(), payload).await?)
+        Ok(c.unary(tarpc_ctx(), Payload(payload)).await?.into_bytes())
     })
     .await
 }

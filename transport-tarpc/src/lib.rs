@@ -1,12 +1,14 @@
 //! tarpc over transport-core's messages, on any backend (Unix sockets, TCP, RDMA verbs).
 //!
-//! tarpc's transport is any [`Stream`](futures_util::Stream) of received items and
+//! tarpc's transport is any [`Stream`] of received items and
 //! [`Sink`](futures_util::Sink) of items to send. [`MessageTransport`] is that, over one
 //! transport-core connection: each tarpc message is one transport message, encoded with
-//! postcard straight into a buffer of the connection's pool (registered memory on verbs, sent
-//! without a copy). There is no byte stream in between, so no length-delimited codec and no
-//! copy through `AsyncRead`/`AsyncWrite` as with tarpc's `serde_transport` or the
-//! `transport-stream` adapter.
+//! postcard into the transport header when it fits, else straight into a buffer of the
+//! connection's pool (registered memory on verbs, sent without a copy). There is no byte
+//! stream in between, so no length-delimited codec and no copy through
+//! `AsyncRead`/`AsyncWrite` as with tarpc's `serde_transport` or the `transport-stream`
+//! adapter. A [`Payload`] in a service's arguments or results crosses without a copy both
+//! ways.
 //!
 //! ```
 //! use futures_util::{future, StreamExt};
@@ -58,18 +60,24 @@
 //!
 //! # Wire format
 //!
-//! One message per tarpc item (a `ClientMessage` from client to server, a `Response` back):
-//! an empty transport header and a payload of exactly the item's
-//! [postcard](https://docs.rs/postcard) encoding. Both sides must be built with the same
-//! service definition (postcard is not self-describing).
+//! One message per tarpc item (a `ClientMessage` from client to server, a `Response` back),
+//! encoded with [postcard](https://docs.rs/postcard), in one of two forms:
+//! - header form: the item's encoding, with its first [`Payload`] replaced by an empty byte
+//!   string, is the transport header (at most 64 bytes), and that payload's bytes are the
+//!   message's payload (empty when the item has no `Payload`);
+//! - plain form: an empty header, and a payload of exactly the item's encoding (every
+//!   `Payload` inline as a byte string).
+//!
+//! The sender uses the header form whenever the item fits. Both sides must be built with the
+//! same service definition (postcard is not self-describing).
 //!
 //! # Limits and errors
 //!
 //! - An item larger than the peer's message limit fails in `start_send` with
 //!   [`Error::TooLarge`] before anything is written. tarpc then ends the connection: its
 //!   dispatch stops on its transport's first error, as with any tarpc transport.
-//! - What the peer sends is decoded only within the message it came in: a message with a
-//!   header, bytes after the value, or bytes that do not decode are [`Error::UnexpectedHeader`],
+//! - What the peer sends is decoded only within the message it came in: bytes after the
+//!   value (or a header-form payload that no `Payload` takes), or bytes that do not decode are
 //!   [`Error::TrailingBytes`] and [`Error::Decode`]. A length inside the value larger than the
 //!   message fails to decode; it allocates nothing of that size. The transport's own limits
 //!   (message size, stalls, a peer that dies mid-message) hold as for any user of it.
@@ -77,8 +85,10 @@
 //!   to the transport in one `send_batch`.
 
 mod codec;
+mod payload;
 mod transport;
 
+pub use payload::Payload;
 pub use transport::{MessageTransport, MAX_QUEUED};
 
 use futures_util::Stream;
@@ -123,10 +133,8 @@ pub enum Error {
     /// The peer sent bytes that are not an item of this service.
     #[error("cannot decode the peer's tarpc message: {0}")]
     Decode(postcard::Error),
-    /// The peer sent a message with a transport header: it does not speak this protocol.
-    #[error("the peer's message has a {0}-byte header; tarpc messages have none")]
-    UnexpectedHeader(usize),
-    /// The peer's message holds more than one value.
+    /// The peer's message holds more than one value (bytes after it, or a payload that no
+    /// [`Payload`] of the value takes).
     #[error("the peer's tarpc message has {0} bytes after its value")]
     TrailingBytes(usize),
 }

@@ -106,6 +106,14 @@ impl<C: Connection, In, Out> MessageTransport<C, In, Out> {
         self.max_out
     }
 
+    /// The connection's buffer pool (registered memory on verbs): keep it before handing the
+    /// transport to tarpc, and build [`Payload`](crate::Payload)s in its buffers to send
+    /// them with no copy on every backend (a heap `Payload` is copied into registered memory
+    /// on verbs).
+    pub fn buffer_pool(&self) -> Arc<dyn BufferPool> {
+        self.pool.clone()
+    }
+
     /// Drives the send in flight, then starts one for what is queued, until both are done.
     fn poll_sent(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         loop {

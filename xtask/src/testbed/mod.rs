@@ -1012,7 +1012,7 @@ const MIN_PASSED: &[(&str, u64)] = &[
     ("test:stream-", 9),
     ("test:grpc-", 7),
     // transport-tarpc's cases (tarpc on the transport's messages), `verbs::` only.
-    ("test:tarpc-", 6),
+    ("test:tarpc-", 7),
     // bench's middleware-scenario plumbing (typed payloads, many clients, ORB shape).
     ("test:scenarios-", 5),
     // transport-verbs' hostile-peer cases (lengths, RTS flood, eager flood, no HELLO, no FIN,
