@@ -1008,6 +1008,27 @@ pub fn write_svg(r: &ScenarioReport, path: &Path) -> Result<(), String> {
     crate::plot::write_figure(&figure, path)
 }
 
+/// One bar series per `(label, colour)` of `bars`, over `rows` (one category each): bar `k`
+/// of a row is `f(row)[k]`.
+fn bar_series<R, const N: usize>(
+    rows: &[R],
+    bars: [(&str, usize); N],
+    f: &dyn Fn(&R) -> [f64; N],
+) -> Vec<Series> {
+    bars.into_iter()
+        .enumerate()
+        .map(|(k, (label, c))| Series {
+            label: label.into(),
+            style: Style::new(c, Line::Bars, Marker::Dot),
+            points: rows
+                .iter()
+                .enumerate()
+                .map(|(i, row)| (i as f64, f(row)[k]))
+                .collect(),
+        })
+        .collect()
+}
+
 /// The panels of one scenario (none when it has no figures).
 fn plot_row(r: &ScenarioReport, scenario: ScenarioName) -> Option<Vec<Panel>> {
     // One colour per transport, the same in every row.
@@ -1167,20 +1188,7 @@ fn plot_row(r: &ScenarioReport, scenario: ScenarioName) -> Option<Vec<Panel>> {
             let names: Vec<String> = r.framework.iter().map(|f| f.transport.into()).collect();
             // Per row: gRPC, tarpc on messages, native.
             let bars = |f: &dyn Fn(&FrameworkRow) -> [f64; 3]| {
-                [("gRPC", 4), ("tarpc", 3), ("native", 2)]
-                    .into_iter()
-                    .enumerate()
-                    .map(|(k, (label, c))| Series {
-                        label: label.into(),
-                        style: Style::new(c, Line::Bars, Marker::Dot),
-                        points: r
-                            .framework
-                            .iter()
-                            .enumerate()
-                            .map(|(i, row)| (i as f64, f(row)[k]))
-                            .collect(),
-                    })
-                    .collect::<Vec<_>>()
+                bar_series(&r.framework, [("gRPC", 4), ("tarpc", 3), ("native", 2)], f)
             };
             let x = XAxis::Categories(names);
             vec![
@@ -1202,22 +1210,8 @@ fn plot_row(r: &ScenarioReport, scenario: ScenarioName) -> Option<Vec<Panel>> {
         }
         ScenarioName::CAbi => {
             let names: Vec<String> = r.c_abi.iter().map(|f| f.transport.into()).collect();
-            let bars = |f: &dyn Fn(&CAbiRow) -> [f64; 2]| {
-                [("C", 4), ("Rust", 2)]
-                    .into_iter()
-                    .enumerate()
-                    .map(|(k, (label, c))| Series {
-                        label: label.into(),
-                        style: Style::new(c, Line::Bars, Marker::Dot),
-                        points: r
-                            .c_abi
-                            .iter()
-                            .enumerate()
-                            .map(|(i, row)| (i as f64, f(row)[k]))
-                            .collect(),
-                    })
-                    .collect::<Vec<_>>()
-            };
+            let bars =
+                |f: &dyn Fn(&CAbiRow) -> [f64; 2]| bar_series(&r.c_abi, [("C", 4), ("Rust", 2)], f);
             let x = XAxis::Categories(names);
             vec![
                 panel(

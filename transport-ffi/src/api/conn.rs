@@ -391,21 +391,6 @@ impl tp_buffer {
     }
 }
 
-/// The buffer `make` returns, boxed for the caller; NULL (and the last error set) when it
-/// fails.
-pub(super) fn hand_out(make: impl FnOnce() -> Result<tp_buffer, Failure>) -> *mut tp_buffer {
-    let mut made = std::ptr::null_mut();
-    let status = guard(|| {
-        made = Box::into_raw(Box::new(make()?));
-        Ok(())
-    });
-    if status == tp_status::TP_OK {
-        made
-    } else {
-        std::ptr::null_mut()
-    }
-}
-
 /// The writable bytes of a buffer (`tp_buffer_capacity` of them); NULL for a NULL buffer.
 ///
 /// # Safety

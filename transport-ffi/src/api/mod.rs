@@ -238,6 +238,21 @@ unsafe fn give<T>(out: *mut *mut T, v: T) -> Result<(), Failure> {
     Ok(())
 }
 
+/// What `make` returns, boxed for the caller; NULL (and the last error set) when it fails:
+/// for the functions that return a handle instead of a status.
+fn hand_out<T>(make: impl FnOnce() -> Result<T, Failure>) -> *mut T {
+    let mut made = std::ptr::null_mut();
+    let status = guard(|| {
+        made = Box::into_raw(Box::new(make()?));
+        Ok(())
+    });
+    if status == tp_status::TP_OK {
+        made
+    } else {
+        std::ptr::null_mut()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

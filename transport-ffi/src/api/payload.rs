@@ -24,19 +24,12 @@ pub unsafe extern "C" fn tp_buffer_freeze(buffer: *mut tp_buffer, len: usize) ->
         // SAFETY: the caller hands over a live buffer, once.
         unsafe { Box::from_raw(buffer) }
     });
-    let mut made = std::ptr::null_mut();
-    let status = guard(|| {
+    hand_out(|| {
         let bytes = buffer
             .ok_or_else(|| Failure::arg("buffer is NULL"))?
             .freeze(len)?;
-        made = Box::into_raw(Box::new(tp_payload { bytes }));
-        Ok(())
-    });
-    if status == tp_status::TP_OK {
-        made
-    } else {
-        std::ptr::null_mut()
-    }
+        Ok(tp_payload { bytes })
+    })
 }
 
 /// The payload's bytes (`*len` of them; `len` may be NULL), valid until `tp_payload_free`;
