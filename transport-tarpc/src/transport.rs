@@ -3,6 +3,7 @@
 
 use crate::codec::{decode, encode};
 use crate::Error;
+use futures_util::task::AtomicWaker;
 use futures_util::{Sink, Stream};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -10,8 +11,9 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{ready, Context, Poll, Wake, Waker};
 use tokio_util::sync::ReusableBoxFuture;
 use transport_core::{
     BufferPool, Connection, Message, MessageReceiver, MessageSender, TransportError, TryRecv,
@@ -33,7 +35,9 @@ type RecvDone<R> = (Box<R>, Result<Option<Message>, TransportError>);
 /// Sending: `start_send` encodes the item straight into a buffer of the connection's pool
 /// (registered memory on verbs: sent without a copy) and queues it; `poll_flush` hands the
 /// queue to [`MessageSender::send_batch`]. Receiving: a message already there is taken with
-/// [`MessageReceiver::try_recv`]; otherwise one `recv` is kept in flight across polls. Both
+/// [`MessageReceiver::try_recv`]; otherwise one `recv` is kept in flight across polls, and
+/// polled again only once something it waits on woke it (tarpc polls its stream on every
+/// wake-up of its task, whatever woke it). Both
 /// futures live in a box allocated once per direction and reused, so a message costs no
 /// allocation here beyond what the item's own encoding and decoding need.
 ///
@@ -49,6 +53,8 @@ pub struct MessageTransport<C: Connection, In, Out> {
     max_out: usize,
     rx: Option<Box<C::Receiver>>,
     recv: Option<ReusableBoxFuture<'static, RecvDone<C::Receiver>>>,
+    /// Polls the receive future only when it was woken.
+    gate: Gated,
     ended: bool,
     _items: PhantomData<fn(Out) -> In>,
 }
@@ -78,6 +84,64 @@ enum SendSide {
     Closed,
 }
 
+/// Lets a future be polled only when something it waits on woke it. tarpc polls its
+/// transport's stream whenever its task wakes, for any reason (a new call, a flush done):
+/// several times per message. Polling a waiting `recv` again costs a trip down to the socket's
+/// readiness (about 240 instructions); asking the gate costs an atomic swap.
+struct Gated {
+    gate: Arc<Gate>,
+    /// `gate` as the waker the future is polled with, made once.
+    waker: Waker,
+}
+
+struct Gate {
+    /// Something the future waits on fired since it was last polled.
+    woken: AtomicBool,
+    /// The task polling the transport.
+    task: AtomicWaker,
+}
+
+impl Wake for Gate {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        self.task.wake();
+    }
+}
+
+impl Gated {
+    fn new() -> Gated {
+        let gate = Arc::new(Gate {
+            woken: AtomicBool::new(false),
+            task: AtomicWaker::new(),
+        });
+        Gated {
+            waker: Waker::from(gate.clone()),
+            gate,
+        }
+    }
+
+    /// Polls `fut` when it is `fresh` (not polled yet) or was woken since its last poll, with
+    /// the gate's waker, which wakes `cx`'s task; otherwise returns `Pending` at once (the
+    /// task is woken when the future is).
+    fn poll<F: Future + ?Sized>(
+        &self,
+        cx: &mut Context<'_>,
+        fut: Pin<&mut F>,
+        fresh: bool,
+    ) -> Poll<F::Output> {
+        self.gate.task.register(cx.waker());
+        let woken = self.gate.woken.swap(false, Ordering::AcqRel);
+        if !fresh && !woken {
+            return Poll::Pending;
+        }
+        fut.poll(&mut Context::from_waker(&self.waker))
+    }
+}
+
 // Nothing in the struct is pinned: the futures are boxed, the halves are moved in and out.
 impl<C: Connection, In, Out> Unpin for MessageTransport<C, In, Out> {}
 
@@ -86,6 +150,7 @@ impl<C: Connection, In, Out> MessageTransport<C, In, Out> {
     pub fn new(conn: C) -> Self {
         let (tx, rx) = conn.split();
         MessageTransport {
+            gate: Gated::new(),
             pool: tx.buffer_pool(),
             max_out: tx.max_message_size(),
             tx: Some(Box::new(tx)),
@@ -155,7 +220,7 @@ impl<C: Connection, In, Out> MessageTransport<C, In, Out> {
 
     /// The next received message, or the end.
     fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Message>, Error>> {
-        if let Some(rx) = &mut self.rx {
+        let fresh = if let Some(rx) = &mut self.rx {
             match rx.try_recv() {
                 TryRecv::Ready(r) => return Poll::Ready(r.map_err(Error::from)),
                 TryRecv::Empty | TryRecv::Unknown => {}
@@ -169,12 +234,15 @@ impl<C: Connection, In, Out> MessageTransport<C, In, Out> {
                 Some(b) => b.set(fut),
                 None => self.recv = Some(ReusableBoxFuture::new(fut)),
             }
-        }
+            true
+        } else {
+            false
+        };
         let fut = self
             .recv
             .as_mut()
             .expect("a receive future while receiving");
-        let (rx, r) = ready!(fut.poll(cx));
+        let (rx, r) = ready!(self.gate.poll(cx, fut.get_pin(), fresh));
         self.rx = Some(rx);
         Poll::Ready(r.map_err(Error::from))
     }
@@ -243,5 +311,82 @@ impl<C: Connection, In, Out: Serialize> Sink<Out> for MessageTransport<C, In, Ou
                 SendSide::Closed => return Poll::Ready(Ok(())),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Counts its polls; ready once its sender sends.
+    struct Counted {
+        polls: Arc<AtomicUsize>,
+        rx: tokio::sync::oneshot::Receiver<u32>,
+    }
+
+    impl Future for Counted {
+        type Output = u32;
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<u32> {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            Pin::new(&mut self.rx).poll(cx).map(|r| r.unwrap())
+        }
+    }
+
+    /// Counts its wake-ups.
+    struct Task(AtomicUsize);
+
+    impl Wake for Task {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_waiting_future_is_polled_again_only_once_woken() {
+        let polls = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut fut = Counted {
+            polls: polls.clone(),
+            rx,
+        };
+        let task = Arc::new(Task(AtomicUsize::new(0)));
+        let waker = Waker::from(task.clone());
+        let mut cx = Context::from_waker(&waker);
+        let gated = Gated::new();
+        assert!(gated.poll(&mut cx, Pin::new(&mut fut), true).is_pending());
+        for _ in 0..50 {
+            assert!(gated.poll(&mut cx, Pin::new(&mut fut), false).is_pending());
+        }
+        assert_eq!(
+            polls.load(Ordering::Relaxed),
+            1,
+            "polled again before any wake-up"
+        );
+        assert_eq!(task.0.load(Ordering::Relaxed), 0);
+        tx.send(7).unwrap();
+        assert_eq!(task.0.load(Ordering::Relaxed), 1, "the gate wakes the task");
+        assert_eq!(
+            gated.poll(&mut cx, Pin::new(&mut fut), false),
+            Poll::Ready(7)
+        );
+        assert_eq!(polls.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_fresh_future_is_polled_whatever_the_gate_says() {
+        let gated = Gated::new();
+        let waker = Waker::from(Arc::new(Task(AtomicUsize::new(0))));
+        let mut cx = Context::from_waker(&waker);
+        let mut pending = std::future::pending::<u32>();
+        assert!(gated
+            .poll(&mut cx, Pin::new(&mut pending), true)
+            .is_pending());
+        // The gate is shut (nothing woke the pending future), yet the next future is polled.
+        let mut ready = std::future::ready(3);
+        assert_eq!(
+            gated.poll(&mut cx, Pin::new(&mut ready), true),
+            Poll::Ready(3)
+        );
     }
 }
