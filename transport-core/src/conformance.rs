@@ -63,10 +63,12 @@ pub fn run<F: Future<Output = ()>>(name: &str, case: F) {
 }
 
 /// Expands to one `#[test]` per conformance case for the backend expression `$backend`.
+/// Attributes after it go on every test, for example
+/// `conformance_tests!(Foo, #[ignore = "needs hardware"])` for a backend that needs a device.
 #[macro_export]
 macro_rules! conformance_tests {
-    ($backend:expr) => {
-        $crate::__conformance_cases!($backend; conformance;
+    ($backend:expr $(, #[$attr:meta])* $(,)?) => {
+        $crate::__conformance_cases!($backend, $(#[$attr])*; conformance;
             raw_messages_in_order,
             raw_message_sizes,
             raw_send_batch_dropped_at_any_poll_loses_nothing,
@@ -93,27 +95,40 @@ macro_rules! conformance_tests {
         /// Checks the capability table; doubles as the child-process entry of
         /// `peer_process_killed_mid_transfer`.
         #[test]
+        $(#[$attr])*
         fn conformance_capabilities() {
             $crate::conformance::capabilities_or_child(&$backend);
         }
     };
 }
 
-/// One `#[test]` per case: `cases` is the module (`conformance::cases`, `hostile::cases`)
-/// holding `pub async fn case(&backend)`; each runs under [`run`]'s time limit.
+/// One `#[test]` per case, each with the attributes given: `cases` is the module
+/// (`conformance::cases`, `hostile::cases`) holding `pub async fn case(&backend)`; each runs
+/// under [`run`]'s time limit.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_cases {
-    ($backend:expr; $cases:ident; $($case:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $case() {
-                let backend = $backend;
-                $crate::conformance::run(stringify!($case), async move {
-                    $crate::$cases::cases::$case(&backend).await
-                });
-            }
-        )*
+    ($backend:expr, $(#[$attr:meta])*; $cases:ident; $($case:ident),* $(,)?) => {
+        $crate::__conformance_cases!(@each [$(#[$attr])*] $backend; $cases; $($case),*);
+    };
+    (@each $attrs:tt $backend:expr; $cases:ident; $($case:ident),*) => {
+        $( $crate::__conformance_case!($attrs $backend; $cases; $case); )*
+    };
+}
+
+/// One case of [`__conformance_cases!`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_case {
+    ([$(#[$attr:meta])*] $backend:expr; $cases:ident; $case:ident) => {
+        #[test]
+        $(#[$attr])*
+        fn $case() {
+            let backend = $backend;
+            $crate::conformance::run(stringify!($case), async move {
+                $crate::$cases::cases::$case(&backend).await
+            });
+        }
     };
 }
 
@@ -132,7 +147,15 @@ where
     use tokio::io::AsyncBufReadExt;
     let exe = std::env::current_exe().expect("current exe");
     let mut child = tokio::process::Command::new(exe)
-        .args([entry, "--nocapture", "--test-threads", "1"])
+        // `--include-ignored`: the entry may be ignored by default (a device test), and was
+        // asked for all the same since the parent runs.
+        .args([
+            entry,
+            "--nocapture",
+            "--test-threads",
+            "1",
+            "--include-ignored",
+        ])
         .env(env, "1")
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)

@@ -76,11 +76,13 @@ const MIB: usize = 1 << 20;
 /// request whose header and payload make exactly [`crate::stream::DEFAULT_MAX_MESSAGE_SIZE`].
 const MAX_PAYLOAD: usize = crate::stream::DEFAULT_MAX_MESSAGE_SIZE - RPC_HEADER_LEN;
 
-/// Expands to one `#[test]` per RPC-level case for the [`Backend`] expression `$backend`.
+/// Expands to one `#[test]` per RPC-level case for the [`Backend`] expression `$backend`;
+/// attributes after it go on every test, as with
+/// [`conformance_tests!`](crate::conformance_tests).
 #[macro_export]
 macro_rules! hostile_tests {
-    ($backend:expr) => {
-        $crate::__conformance_cases!($backend; hostile;
+    ($backend:expr $(, #[$attr:meta])* $(,)?) => {
+        $crate::__conformance_cases!($backend, $(#[$attr])*; hostile;
             duplicate_request_id_is_refused_and_the_call_in_flight_answered,
             closing_a_connection_cancels_its_handlers_and_frees_their_requests,
             request_bytes_per_connection_bound_the_running_handlers,
@@ -98,7 +100,7 @@ macro_rules! hostile_tests {
 #[macro_export]
 macro_rules! hostile_stream_tests {
     ($backend:expr) => {
-        $crate::__conformance_cases!($backend; hostile;
+        $crate::__conformance_cases!($backend,; hostile;
             many_max_size_announcements_stay_within_the_receive_budget,
             stalled_partial_frames_are_closed_after_frame_timeout,
             rlimit_as_child_survives_max_size_announcements,

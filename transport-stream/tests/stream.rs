@@ -215,7 +215,15 @@ async fn peer_process_killed<B: Backend>(b: &B, test_name: &str) {
     }
     let exe = std::env::current_exe().unwrap();
     let mut child = tokio::process::Command::new(exe)
-        .args([test_name, "--exact", "--nocapture", "--test-threads", "1"])
+        // `--include-ignored`: the parent may be a device test, ignored unless asked for.
+        .args([
+            test_name,
+            "--exact",
+            "--nocapture",
+            "--test-threads",
+            "1",
+            "--include-ignored",
+        ])
         .env(CHILD_ENV, "1")
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -354,10 +362,10 @@ async fn foreign_message_is_invalid_data<B: Backend>(b: &B) {
 }
 
 macro_rules! stream_tests {
-    ($module:ident, $backend:expr $(, extra: [$($extra:ident),*])?) => {
+    ($module:ident, $backend:expr $(, extra: [$($extra:ident),*])? $(, #[$attr:meta])*) => {
         mod $module {
             use super::*;
-            stream_tests!(@cases $backend;
+            stream_tests!(@cases [$(#[$attr])*] $backend;
                 round_trip_16mb,
                 many_small_writes,
                 vectored_write_is_one_message,
@@ -370,6 +378,7 @@ macro_rules! stream_tests {
             );
 
             #[test]
+            $(#[$attr])*
             fn peer_process_killed() {
                 let backend = $backend;
                 transport_core::conformance::run("peer_process_killed", async move {
@@ -379,16 +388,18 @@ macro_rules! stream_tests {
             }
         }
     };
-    (@cases $backend:expr; $($case:ident),*) => {
-        $(
-            #[test]
-            fn $case() {
-                let backend = $backend;
-                transport_core::conformance::run(stringify!($case), async move {
-                    super::$case(&backend).await
-                });
-            }
-        )*
+    (@cases $attrs:tt $backend:expr; $($case:ident),*) => {
+        $( stream_tests!(@case $attrs $backend; $case); )*
+    };
+    (@case [$(#[$attr:meta])*] $backend:expr; $case:ident) => {
+        #[test]
+        $(#[$attr])*
+        fn $case() {
+            let backend = $backend;
+            transport_core::conformance::run(stringify!($case), async move {
+                super::$case(&backend).await
+            });
+        }
     };
 }
 
@@ -396,8 +407,6 @@ stream_tests!(tcp, Tcp, extra: [dropped_peer_fails_writer]);
 stream_tests!(uds, Uds, extra: [dropped_peer_fails_writer]);
 stream_tests!(
     verbs,
-    match VerbsBackend::for_this_machine() {
-        Some(b) => b,
-        None => return,
-    }
+    VerbsBackend::for_this_machine(),
+    #[ignore = "needs an RDMA device: cargo xtask testbed verbs runs it"]
 );

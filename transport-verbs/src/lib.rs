@@ -296,7 +296,7 @@
 //! ```text
 //! sudo modprobe rdma_rxe && sudo rdma link add rxe0 type rxe netdev eth0
 //! ulimit -l unlimited
-//! TRANSPORT_VERBS_REQUIRE_DEVICE=1 TB_IP_ADDR=<eth0's IPv4> cargo test -p transport-verbs
+//! TB_IP_ADDR=<eth0's IPv4> cargo test -p transport-verbs -- --include-ignored
 //! ```
 //!
 //! Registered memory is locked memory: with the defaults the first connection on a device

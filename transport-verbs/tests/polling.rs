@@ -90,11 +90,10 @@ async fn in_both_modes(addr: std::net::SocketAddr, cost: impl Fn(&Costs) -> u64)
 }
 
 #[test]
+#[ignore = "needs an RDMA device: cargo xtask testbed verbs runs it"]
 fn replies_within_the_spin_budget_cost_no_completion_event() {
     let _alone = one_at_a_time();
-    let Some(addr) = common::listen_addr_or_skip("polling") else {
-        return;
-    };
+    let addr = common::listen_addr();
     common::run(async move {
         let (events, spinning) = in_both_modes(addr, |c| c.syscalls).await;
         eprintln!(
@@ -115,11 +114,10 @@ fn replies_within_the_spin_budget_cost_no_completion_event() {
 }
 
 #[test]
+#[ignore = "needs an RDMA device: cargo xtask testbed verbs runs it"]
 fn replies_within_the_spin_budget_are_taken_on_the_receiving_task() {
     let _alone = one_at_a_time();
-    let Some(addr) = common::listen_addr_or_skip("polling") else {
-        return;
-    };
+    let addr = common::listen_addr();
     common::run(async move {
         let (events, spinning) = in_both_modes(addr, |c| c.handoffs).await;
         eprintln!(
@@ -153,6 +151,7 @@ const SMALL_SRQ: usize = 8;
 /// queue of 128 and turns into a storm of RNR retries
 /// (docs/notes/2026-12-03-scenarios-rnr-retries.md).
 #[test]
+#[ignore = "needs an RDMA device: cargo xtask testbed verbs runs it"]
 fn a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked() {
     // Pure event mode: the server's driver sleeps on the channel as soon as it is idle.
     if let Some(server) = messages_reach_a_blocked_runtime(Duration::ZERO, SMALL_SRQ) {
@@ -172,6 +171,7 @@ fn a_sleeping_connection_takes_its_messages_while_its_runtime_is_blocked() {
 /// (with many clients spinning on one busy runtime: an RNR storm,
 /// docs/notes/2026-12-04-scenarios-srq-low-water-event.md).
 #[test]
+#[ignore = "needs an RDMA device: cargo xtask testbed verbs runs it"]
 fn a_spinning_connection_gives_back_its_buffers_while_its_runtime_is_blocked() {
     if let Some(server) = messages_reach_a_blocked_runtime(Duration::from_secs(120), SMALL_SRQ) {
         let m = server.memory_use();
@@ -188,6 +188,7 @@ fn a_spinning_connection_gives_back_its_buffers_while_its_runtime_is_blocked() {
 /// together then find a buffer each instead of retrying on RNR NAKs
 /// (docs/notes/2026-12-06-srq-grows.md).
 #[test]
+#[ignore = "needs an RDMA device: cargo xtask testbed verbs runs it"]
 fn a_shared_receive_queue_that_runs_low_grows_up_to_its_cap() {
     let cap = 2 * SMALL_SRQ;
     let Some(server) = messages_reach_a_blocked_runtime(Duration::from_secs(120), cap) else {
@@ -227,11 +228,10 @@ fn grown_to(verbs: &VerbsTransport, want: usize, deadline: std::time::Instant) -
 /// queue of 8 to 32 (16 is not enough, 32 is), not to its cap of 64. Clients that connect
 /// and then call together do not wait on RNR NAKs while it grows.
 #[test]
+#[ignore = "needs an RDMA device: cargo xtask testbed verbs runs it"]
 fn a_shared_receive_queue_grows_with_the_connections_it_serves() {
     let _alone = one_at_a_time();
-    let Some(addr) = common::listen_addr_or_skip("polling") else {
-        return;
-    };
+    let addr = common::listen_addr();
     let mut config = VerbsConfig::default();
     config.srq_depth = SMALL_SRQ;
     config.srq_max_depth = 8 * SMALL_SRQ;
@@ -269,7 +269,7 @@ fn messages_reach_a_blocked_runtime(
     srq_max_depth: usize,
 ) -> Option<VerbsTransport> {
     let _alone = one_at_a_time();
-    let addr = common::listen_addr_or_skip("polling")?;
+    let addr = common::listen_addr();
     const MSGS: usize = 4 * SMALL_SRQ;
     const BODY: &[u8] = b"parked";
     let mut config = VerbsConfig::default();
@@ -390,11 +390,10 @@ fn messages_reach_a_blocked_runtime(
 const BATCH: u8 = 32;
 
 #[test]
+#[ignore = "needs an RDMA device: cargo xtask testbed verbs runs it"]
 fn a_batch_of_sends_rings_one_doorbell_not_one_per_message() {
     let _alone = one_at_a_time();
-    let Some(addr) = common::listen_addr_or_skip("polling") else {
-        return;
-    };
+    let addr = common::listen_addr();
     common::run(async move {
         // Credits for the whole batch: where the device's paths give each connection buffers
         // of its own, as many as the defaults grant through a shared queue.
@@ -505,11 +504,10 @@ fn thread_activity() -> std::collections::BTreeMap<u32, (String, u64, u64)> {
 }
 
 #[test]
+#[ignore = "needs an RDMA device: cargo xtask testbed verbs runs it"]
 fn idle_connections_stop_spinning_after_the_budget() {
     let _alone = one_at_a_time();
-    let Some(addr) = common::listen_addr_or_skip("polling_idle") else {
-        return;
-    };
+    let addr = common::listen_addr();
     // 100 open connections (both ends of 50 pairs), as in the idle target.
     const CONNS: usize = 50;
     common::run(async move {
@@ -611,11 +609,10 @@ fn echo(mut server: (transport_verbs::VerbsSender, transport_verbs::VerbsReceive
 }
 
 #[test]
+#[ignore = "needs an RDMA device: cargo xtask testbed verbs runs it"]
 fn each_connection_is_woken_by_its_own_completion_events() {
     let _alone = one_at_a_time();
-    let Some(addr) = common::listen_addr_or_skip("polling_events") else {
-        return;
-    };
+    let addr = common::listen_addr();
     const CONNS: usize = 16;
     const ROUNDS: usize = 30;
     common::run(async move {
@@ -651,11 +648,10 @@ fn each_connection_is_woken_by_its_own_completion_events() {
 }
 
 #[test]
+#[ignore = "needs an RDMA device: cargo xtask testbed verbs runs it"]
 fn connections_keep_their_events_after_the_runtime_that_made_the_device_ready_ends() {
     let _alone = one_at_a_time();
-    let Some(addr) = common::listen_addr_or_skip("polling_runtimes") else {
-        return;
-    };
+    let addr = common::listen_addr();
     let mut config = VerbsConfig::default();
     config.poll_spin = Duration::ZERO;
     let verbs = VerbsTransport::new(config).expect("transport");
@@ -756,11 +752,10 @@ fn echo_on_one_runtime(addr: std::net::SocketAddr, from: usize, workers: usize) 
 /// Many receivers waiting on one thread are polled together by the thread's poller, and each
 /// still gets exactly its own replies; below the threshold (here: never) no poller runs.
 #[test]
+#[ignore = "needs an RDMA device: cargo xtask testbed verbs runs it"]
 fn receivers_waiting_on_one_thread_are_polled_together() {
     let _alone = one_at_a_time();
-    let Some(addr) = common::listen_addr_or_skip("polling") else {
-        return;
-    };
+    let addr = common::listen_addr();
     let together = echo_on_one_runtime(addr, 2, 0);
     let apart = echo_on_one_runtime(addr, usize::MAX, 0);
     eprintln!("poller deliveries: {together} with poll_together_from 2, {apart} with usize::MAX");
@@ -774,11 +769,10 @@ fn receivers_waiting_on_one_thread_are_polled_together() {
 /// On a multi-thread runtime, where tasks move between workers and each worker thread has its
 /// own poller, every connection still gets exactly its own replies when all wait together.
 #[test]
+#[ignore = "needs an RDMA device: cargo xtask testbed verbs runs it"]
 fn receivers_polled_together_on_a_multi_thread_runtime_each_get_their_replies() {
     let _alone = one_at_a_time();
-    let Some(addr) = common::listen_addr_or_skip("polling") else {
-        return;
-    };
+    let addr = common::listen_addr();
     let together = echo_on_one_runtime(addr, 0, 2);
     eprintln!("poller deliveries on two workers with poll_together_from 0: {together}");
     assert!(together > 0, "no receiver was polled together");

@@ -5,16 +5,11 @@ use std::time::Duration;
 use transport_core::conformance::Backend;
 use transport_verbs::conformance::VerbsBackend;
 
-/// The address to listen on (`$TB_IP_ADDR` or the first RoCE v2 IPv4 GID's address, port 0),
-/// or `None` on a machine without RDMA after checking that the error is the typed one.
-/// With `TRANSPORT_VERBS_REQUIRE_DEVICE=1` a missing device fails the test. The rule is
-/// [`VerbsBackend::for_this_machine`]'s, shared with every verbs test suite.
-pub fn listen_addr_or_skip(test: &str) -> Option<SocketAddr> {
-    let Some(backend) = VerbsBackend::for_this_machine() else {
-        eprintln!("{test}: case not run");
-        return None;
-    };
-    Some(backend.listen_addr())
+/// The address to listen on: `$TB_IP_ADDR` or the first RoCE v2 IPv4 GID's address, port
+/// 0. Panics without a device ([`VerbsBackend::for_this_machine`]): the tests that call it
+/// are ignored by default and run with `--include-ignored` where there is one.
+pub fn listen_addr() -> SocketAddr {
+    VerbsBackend::for_this_machine().listen_addr()
 }
 
 /// Runs `f` on a two-worker runtime with a hard time limit.
