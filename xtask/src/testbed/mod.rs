@@ -254,6 +254,14 @@ pub fn main(args: &[String]) -> Result<(), String> {
         Some((c, r)) => (c.as_str(), r),
         None => ("help", &[][..]),
     };
+    // `cargo xtask testbed verbs --help` prints help: it does not start a 20-minute run.
+    if rest.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{}", help());
+        return Ok(());
+    }
+    if let Some(extra) = unexpected_args(cmd, rest) {
+        return Err(extra);
+    }
     match cmd {
         "help" | "-h" | "--help" => {
             println!("{}", help());
@@ -274,6 +282,19 @@ pub fn main(args: &[String]) -> Result<(), String> {
         "two-hosts" => two_hosts(rest),
         other => Err(format!("unknown testbed command `{other}`\n{}", help())),
     }
+}
+
+/// Why `rest` cannot follow `cmd` (`fetch`, `smoke` and `verbs` take no arguments), if it
+/// cannot.
+fn unexpected_args(cmd: &str, rest: &[String]) -> Option<String> {
+    let takes_none = matches!(cmd, "fetch" | "smoke" | "verbs");
+    (takes_none && !rest.is_empty()).then(|| {
+        format!(
+            "`cargo xtask testbed {cmd}` takes no arguments (got `{}`)\n{}",
+            rest.join(" "),
+            help()
+        )
+    })
 }
 
 fn help() -> &'static str {
@@ -1130,8 +1151,24 @@ fn check_tests_ran(
 
 #[cfg(test)]
 mod tests {
-    use super::{guest_bench_args, perftest_device, verbs_device, TARGETS};
+    use super::{guest_bench_args, perftest_device, unexpected_args, verbs_device, TARGETS};
     use crate::util::args;
+
+    #[test]
+    fn commands_without_arguments_refuse_them() {
+        for cmd in ["fetch", "smoke", "verbs"] {
+            assert_eq!(unexpected_args(cmd, &[]), None, "{cmd}");
+            let why = unexpected_args(cmd, &args("--only tarpc")).expect(cmd);
+            assert!(
+                why.contains("takes no arguments") && why.contains("--only tarpc"),
+                "{why}"
+            );
+        }
+        assert_eq!(unexpected_args("run", &args("-- true")), None);
+        assert_eq!(unexpected_args("two-hosts", &args("--timeout 9")), None);
+        // --help anywhere prints the help instead of running (see `main`).
+        assert!(super::main(&args("verbs --help")).is_ok());
+    }
 
     #[test]
     fn guest_bench_args_keep_the_users_choices_and_set_the_guests_own() {
