@@ -1,0 +1,37 @@
+//! A shared-memory transport for processes on one host (issue 47), built bottom-up.
+//!
+//! **In progress.** What exists is the part everything else stands on: [`ring`], a
+//! single-producer single-consumer ring of 64-byte entries laid out in a region both processes
+//! map, safe against the peer that shares it. The connection set-up over a Unix socket (the
+//! memfd passed with `SCM_RIGHTS`, peer credentials checked), the buffer pool in shared memory,
+//! wake-ups and the `transport_core` traits come next; until then this crate is not a
+//! transport, and no other crate uses it.
+//!
+//! # The peer shares the memory
+//!
+//! The process on the other side can write any byte of a shared region at any time, including
+//! while this side reads it. So every index the peer publishes is read once into a local,
+//! checked against what this side knows, and only then used; an entry is copied out in one
+//! pass and handed on as a copy, never read twice; nothing the peer writes can make this side
+//! index outside the region, allocate, or loop. A check that fails is a typed error
+//! ([`ring::RingError::Corrupt`]), and it sticks: the ring is not used again.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::atomic::AtomicU64;
+//! use std::sync::Arc;
+//! use transport_shm::ring::{Consumer, Producer, RingLayout, ENTRY_BYTES};
+//!
+//! let layout = RingLayout::new(8)?;
+//! // In a process pair this is a mapping of the same memfd on both sides.
+//! let region: Arc<[AtomicU64]> = (0..layout.words()).map(|_| AtomicU64::new(0)).collect();
+//! let mut tx = Producer::new(region.clone(), layout)?;
+//! let mut rx = Consumer::new(region, layout)?;
+//! assert!(tx.try_push(&[7u8; ENTRY_BYTES])?);
+//! assert_eq!(rx.try_pop()?, Some([7u8; ENTRY_BYTES]));
+//! assert_eq!(rx.try_pop()?, None);
+//! # Ok::<(), transport_shm::ring::RingError>(())
+//! ```
+
+pub mod ring;
