@@ -1,11 +1,12 @@
 //! A shared-memory transport for processes on one host (issue 47), built bottom-up.
 //!
-//! **In progress.** What exists is the part everything else stands on: [`ring`], a
-//! single-producer single-consumer ring of 64-byte entries laid out in a region both processes
-//! map, safe against the peer that shares it. The connection set-up over a Unix socket (the
-//! memfd passed with `SCM_RIGHTS`, peer credentials checked), the buffer pool in shared memory,
-//! wake-ups and the `transport_core` traits come next; until then this crate is not a
-//! transport, and no other crate uses it.
+//! **In progress.** What exists is the part everything else stands on: [`region`], a memfd
+//! that its creator sizes and seals and both processes map (the other side refuses one that
+//! could shrink under it), and [`ring`], a single-producer single-consumer ring of 64-byte
+//! entries laid out in such a region, safe against the peer that shares it. The connection
+//! set-up over a Unix socket (the memfd passed with `SCM_RIGHTS`, peer credentials checked),
+//! the buffer pool in shared memory, wake-ups and the `transport_core` traits come next; until
+//! then this crate is not a transport, and no other crate uses it.
 //!
 //! # The peer shares the memory
 //!
@@ -34,4 +35,5 @@
 //! # Ok::<(), transport_shm::ring::RingError>(())
 //! ```
 
+pub mod region;
 pub mod ring;

@@ -1,0 +1,249 @@
+//! Shared regions: a memfd that its creator sizes and seals, mapped by both processes.
+//!
+//! The creator makes the memfd ([`Region::create`]), sizes it, seals it against shrinking and
+//! growing (`F_SEAL_SHRINK`, `F_SEAL_GROW`, then `F_SEAL_SEAL` so the seals stay), and maps it.
+//! The other side maps the descriptor it received ([`Region::map`]) only if it is sealed
+//! against shrinking and at least as long as this side's settings say: a peer that could
+//! truncate the file under a mapping would make every access past the new end fault
+//! (`SIGBUS`), a crash the peer could cause at will. The mapping's length comes from this
+//! side's settings, never from the file, and is mapped once.
+//!
+//! A region is a slice of `AtomicU64`: the peer may write any word at any time, and atomic
+//! loads and stores keep that defined (no torn word, no data race in Rust's sense).
+//!
+//! This module holds the crate's `unsafe` code: `mmap`, `munmap`, and viewing the mapping as
+//! atomics.
+
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
+use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
+use std::ffi::CString;
+use std::num::NonZeroUsize;
+use std::ops::Deref;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+/// The largest region this crate maps: 1 GiB.
+pub const MAX_REGION_BYTES: usize = 1 << 30;
+
+/// Why a region cannot be made or mapped.
+#[derive(Debug, thiserror::Error)]
+pub enum RegionError {
+    /// The size asked for is zero, not a multiple of 8, or over [`MAX_REGION_BYTES`].
+    #[error("a region of {0} bytes: a multiple of 8 from 8 to 1 GiB is needed")]
+    BadSize(usize),
+    /// The peer's descriptor is not sealed against shrinking (or cannot be sealed: not a
+    /// memfd), so the peer could truncate it under the mapping.
+    #[error("the peer's region is not sealed against shrinking (seals {seals:#x})")]
+    NotSealed {
+        /// The seals found (`F_GET_SEALS`); -1 when the descriptor takes none.
+        seals: i32,
+    },
+    /// The peer's descriptor is shorter than the region this side expects.
+    #[error("the peer's region holds {got} bytes, {need} expected")]
+    TooShort {
+        /// Its length.
+        got: u64,
+        /// The length this side maps.
+        need: usize,
+    },
+    /// A system call failed.
+    #[error("{call}: {errno}")]
+    Sys {
+        /// Which.
+        call: &'static str,
+        /// Its error.
+        errno: nix::errno::Errno,
+    },
+}
+
+fn sys(call: &'static str) -> impl FnOnce(nix::errno::Errno) -> RegionError {
+    move |errno| RegionError::Sys { call, errno }
+}
+
+/// A shared mapping, viewed as words; cheap to clone (the mapping is unmapped when the last
+/// clone goes).
+#[derive(Debug, Clone)]
+pub struct Region(Arc<Mapping>);
+
+#[derive(Debug)]
+struct Mapping {
+    ptr: NonNull<AtomicU64>,
+    words: usize,
+}
+
+// SAFETY: the mapping is plain memory that lives until `Drop` unmaps it, and it is only ever
+// reached through `&[AtomicU64]`, which is `Send` and `Sync`.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` and the length are those `mmap` returned and took; no reference into
+        // the mapping outlives this value (every slice borrows from it).
+        let _ = unsafe { munmap(self.ptr.cast(), self.words * 8) };
+    }
+}
+
+impl Deref for Region {
+    type Target = [AtomicU64];
+
+    fn deref(&self) -> &[AtomicU64] {
+        // SAFETY: `ptr` is page-aligned (so aligned for `AtomicU64`), valid for `words` words
+        // for as long as the `Mapping` lives (which this borrow of `self` ensures), and the
+        // memory is only accessed atomically, by this process and the peer alike.
+        unsafe { std::slice::from_raw_parts(self.0.ptr.as_ptr(), self.0.words) }
+    }
+}
+
+fn check_size(bytes: usize) -> Result<NonZeroUsize, RegionError> {
+    match NonZeroUsize::new(bytes) {
+        Some(n) if bytes % 8 == 0 && bytes <= MAX_REGION_BYTES => Ok(n),
+        _ => Err(RegionError::BadSize(bytes)),
+    }
+}
+
+impl Region {
+    /// A new zeroed region of `bytes` (a multiple of 8, at most [`MAX_REGION_BYTES`]) in a
+    /// memfd named `name` (for `/proc/PID/fd` and debugging), sealed against shrinking and
+    /// growing, and mapped; with the descriptor to pass to the peer.
+    pub fn create(name: &str, bytes: usize) -> Result<(Region, OwnedFd), RegionError> {
+        let len = check_size(bytes)?;
+        let name = CString::new(name.replace('\0', "")).expect("no NUL left");
+        let fd = memfd_create(
+            &name,
+            MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING,
+        )
+        .map_err(sys("memfd_create"))?;
+        nix::unistd::ftruncate(&fd, bytes as i64).map_err(sys("ftruncate"))?;
+        let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL;
+        fcntl(fd.as_raw_fd(), FcntlArg::F_ADD_SEALS(seals)).map_err(sys("F_ADD_SEALS"))?;
+        let region = Region::map_len(fd.as_fd(), len)?;
+        Ok((region, fd))
+    }
+
+    /// Maps `bytes` of the peer's region `fd`: refused unless `fd` is sealed against shrinking
+    /// and holds at least `bytes`.
+    pub fn map(fd: BorrowedFd<'_>, bytes: usize) -> Result<Region, RegionError> {
+        let len = check_size(bytes)?;
+        let seals = match fcntl(fd.as_raw_fd(), FcntlArg::F_GET_SEALS) {
+            Ok(s) => s,
+            Err(_) => return Err(RegionError::NotSealed { seals: -1 }),
+        };
+        if seals & SealFlag::F_SEAL_SHRINK.bits() == 0 {
+            return Err(RegionError::NotSealed { seals });
+        }
+        let got = nix::sys::stat::fstat(fd.as_raw_fd())
+            .map_err(sys("fstat"))?
+            .st_size as u64;
+        if got < bytes as u64 {
+            return Err(RegionError::TooShort { got, need: bytes });
+        }
+        Region::map_len(fd, len)
+    }
+
+    fn map_len(fd: BorrowedFd<'_>, len: NonZeroUsize) -> Result<Region, RegionError> {
+        // SAFETY: a fresh shared mapping chosen by the kernel (no address given), so it
+        // overlaps nothing of ours; the file is at least `len` long and cannot shrink (sealed),
+        // so every page of it stays backed.
+        let ptr = unsafe {
+            mmap(
+                None,
+                len,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                fd,
+                0,
+            )
+        }
+        .map_err(sys("mmap"))?;
+        Ok(Region(Arc::new(Mapping {
+            ptr: ptr.cast(),
+            words: len.get() / 8,
+        })))
+    }
+
+    /// Bytes mapped.
+    pub fn bytes(&self) -> usize {
+        self.0.words * 8
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::{Consumer, Producer, RingLayout, ENTRY_BYTES};
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn two_mappings_of_one_region_carry_a_ring() {
+        let layout = RingLayout::new(16).unwrap();
+        let (mine, fd) = Region::create("ring", layout.bytes()).unwrap();
+        let theirs = Region::map(fd.as_fd(), layout.bytes()).unwrap();
+        assert_ne!(mine.as_ptr(), theirs.as_ptr(), "two mappings");
+        assert_eq!(theirs.bytes(), layout.bytes());
+        let mut tx = Producer::new(mine, layout).unwrap();
+        let mut rx = Consumer::new(theirs, layout).unwrap();
+        for n in 0..100u8 {
+            assert!(tx.try_push(&[n; ENTRY_BYTES]).unwrap());
+            assert_eq!(rx.try_pop().unwrap(), Some([n; ENTRY_BYTES]));
+        }
+    }
+
+    #[test]
+    fn a_new_region_is_zeroed_and_sealed_against_resizing() {
+        let (r, fd) = Region::create("zeroed", 4096).unwrap();
+        assert!(r.iter().all(|w| w.load(Ordering::Relaxed) == 0));
+        assert!(nix::unistd::ftruncate(&fd, 8).is_err(), "shrunk");
+        assert!(nix::unistd::ftruncate(&fd, 8192).is_err(), "grown");
+        let seals = fcntl(
+            fd.as_raw_fd(),
+            FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_WRITE),
+        );
+        assert!(seals.is_err(), "the seals are sealed");
+    }
+
+    #[test]
+    fn a_region_that_could_shrink_is_refused() {
+        let fd = memfd_create(c"unsealed", MemFdCreateFlag::MFD_ALLOW_SEALING).unwrap();
+        nix::unistd::ftruncate(&fd, 4096).unwrap();
+        match Region::map(fd.as_fd(), 4096) {
+            Err(RegionError::NotSealed { seals }) => assert_eq!(seals, 0),
+            other => panic!("{other:?}"),
+        }
+        // Sealed only against growing: still refused.
+        fcntl(fd.as_raw_fd(), FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_GROW)).unwrap();
+        assert!(matches!(
+            Region::map(fd.as_fd(), 4096),
+            Err(RegionError::NotSealed { .. })
+        ));
+        // A descriptor that takes no seals at all (a pipe) is refused the same way.
+        let (read, _write) = nix::unistd::pipe().unwrap();
+        assert!(matches!(
+            Region::map(read.as_fd(), 4096),
+            Err(RegionError::NotSealed { seals: -1 })
+        ));
+    }
+
+    #[test]
+    fn a_region_shorter_than_expected_is_refused() {
+        let (_r, fd) = Region::create("short", 4096).unwrap();
+        match Region::map(fd.as_fd(), 8192) {
+            Err(RegionError::TooShort { got, need }) => assert_eq!((got, need), (4096, 8192)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn sizes_outside_the_limits_are_refused() {
+        for bad in [0, 7, 4097, MAX_REGION_BYTES + 8] {
+            assert!(matches!(
+                Region::create("bad", bad),
+                Err(RegionError::BadSize(b)) if b == bad
+            ));
+        }
+    }
+}
