@@ -2,11 +2,13 @@
 //!
 //! **In progress.** What exists is the part everything else stands on: [`region`], a memfd
 //! that its creator sizes and seals and both processes map (the other side refuses one that
-//! could shrink under it), and [`ring`], a single-producer single-consumer ring of 64-byte
-//! entries laid out in such a region, safe against the peer that shares it. The connection
-//! set-up over a Unix socket (the memfd passed with `SCM_RIGHTS`, peer credentials checked),
-//! the buffer pool in shared memory, wake-ups and the `transport_core` traits come next; until
-//! then this crate is not a transport, and no other crate uses it.
+//! could shrink under it); [`ring`], a single-producer single-consumer ring of 64-byte
+//! entries laid out in such a region, safe against the peer that shares it; and [`setup`],
+//! the hello each side sends over a Unix socket with its ring's memfd (`SCM_RIGHTS`), checked
+//! against this side's limits before anything is mapped. The listener (an owner-only socket
+//! file, peer credentials checked, as in transport-uds), the buffer pool in shared memory,
+//! messages on the rings, wake-ups and the `transport_core` traits come next; until then this
+//! crate is not a transport, and no other crate uses it.
 //!
 //! # The peer shares the memory
 //!
@@ -37,3 +39,4 @@
 
 pub mod region;
 pub mod ring;
+pub mod setup;
