@@ -270,7 +270,7 @@ macro_rules! service_tests {
     ($module:ident, $backend:expr $(, #[$attr:meta])*) => {
         mod $module {
             use super::*;
-            service_tests!(@cases [$(#[$attr])*] $backend;
+            transport_core::backend_cases!([super::] $backend, $(#[$attr])*;
                 grpc_unary_sizes,
                 grpc_server_stream,
                 grpc_bidi,
@@ -279,19 +279,6 @@ macro_rules! service_tests {
                 grpc_client_dies_mid_stream,
                 native_service
             );
-        }
-    };
-    (@cases $attrs:tt $backend:expr; $($case:ident),*) => {
-        $( service_tests!(@case $attrs $backend; $case); )*
-    };
-    (@case [$(#[$attr:meta])*] $backend:expr; $case:ident) => {
-        #[test]
-        $(#[$attr])*
-        fn $case() {
-            let backend = $backend;
-            transport_core::conformance::run(stringify!($case), async move {
-                super::$case(&backend).await
-            });
         }
     };
 }

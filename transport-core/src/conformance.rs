@@ -109,24 +109,35 @@ macro_rules! conformance_tests {
 #[macro_export]
 macro_rules! __conformance_cases {
     ($backend:expr, $(#[$attr:meta])*; $cases:ident; $($case:ident),* $(,)?) => {
-        $crate::__conformance_cases!(@each [$(#[$attr])*] $backend; $cases; $($case),*);
-    };
-    (@each $attrs:tt $backend:expr; $cases:ident; $($case:ident),*) => {
-        $( $crate::__conformance_case!($attrs $backend; $cases; $case); )*
+        $crate::backend_cases!([$crate::$cases::cases::] $backend, $(#[$attr])*; $($case),*);
     };
 }
 
-/// One case of [`__conformance_cases!`].
-#[doc(hidden)]
+/// One `#[test]` per case of a per-backend suite: each case is `PREFIX case(&backend)`, an
+/// async function taking the backend, run under [`run`]'s time limit, with the attributes
+/// given (such as `#[ignore = "needs an RDMA device"]`).
+///
+/// ```text
+/// async fn round_trips<B: Backend>(b: &B) { /* ... */ }
+/// mod uds {
+///     transport_core::backend_cases!([super::] UdsBackend, ; round_trips);
+/// }
+/// ```
 #[macro_export]
-macro_rules! __conformance_case {
-    ([$(#[$attr:meta])*] $backend:expr; $cases:ident; $case:ident) => {
+macro_rules! backend_cases {
+    ([$($prefix:tt)*] $backend:expr, $(#[$attr:meta])*; $($case:ident),* $(,)?) => {
+        $crate::backend_cases!(@each [$($prefix)*] [$(#[$attr])*] $backend; $($case),*);
+    };
+    (@each $prefix:tt $attrs:tt $backend:expr; $($case:ident),*) => {
+        $( $crate::backend_cases!(@case $prefix $attrs $backend; $case); )*
+    };
+    (@case [$($prefix:tt)*] [$(#[$attr:meta])*] $backend:expr; $case:ident) => {
         #[test]
         $(#[$attr])*
         fn $case() {
             let backend = $backend;
             $crate::conformance::run(stringify!($case), async move {
-                $crate::$cases::cases::$case(&backend).await
+                $($prefix)* $case(&backend).await
             });
         }
     };

@@ -365,7 +365,7 @@ macro_rules! stream_tests {
     ($module:ident, $backend:expr $(, extra: [$($extra:ident),*])? $(, #[$attr:meta])*) => {
         mod $module {
             use super::*;
-            stream_tests!(@cases [$(#[$attr])*] $backend;
+            transport_core::backend_cases!([super::] $backend, $(#[$attr])*;
                 round_trip_16mb,
                 many_small_writes,
                 vectored_write_is_one_message,
@@ -386,19 +386,6 @@ macro_rules! stream_tests {
                     super::peer_process_killed(&backend, name).await
                 });
             }
-        }
-    };
-    (@cases $attrs:tt $backend:expr; $($case:ident),*) => {
-        $( stream_tests!(@case $attrs $backend; $case); )*
-    };
-    (@case [$(#[$attr:meta])*] $backend:expr; $case:ident) => {
-        #[test]
-        $(#[$attr])*
-        fn $case() {
-            let backend = $backend;
-            transport_core::conformance::run(stringify!($case), async move {
-                super::$case(&backend).await
-            });
         }
     };
 }

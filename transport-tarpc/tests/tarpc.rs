@@ -319,7 +319,7 @@ macro_rules! tarpc_tests {
         mod $module {
             #[allow(unused_imports)]
             use super::*;
-            tarpc_tests!(@cases [$(#[$attr])*] $backend;
+            transport_core::backend_cases!([super::] $backend, $(#[$attr])*;
                 concurrent_calls_each_get_their_own_reply,
                 a_large_echo_round_trips,
                 an_item_over_the_limit_fails_before_sending,
@@ -327,19 +327,6 @@ macro_rules! tarpc_tests {
                 the_client_sees_the_server_go,
                 large_items_are_sent_from_the_pool_without_a_copy,
                 payloads_travel_apart_from_a_small_envelope);
-        }
-    };
-    (@cases $attrs:tt $backend:expr; $($case:ident),*) => {
-        $( tarpc_tests!(@case $attrs $backend; $case); )*
-    };
-    (@case [$(#[$attr:meta])*] $backend:expr; $case:ident) => {
-        #[test]
-        $(#[$attr])*
-        fn $case() {
-            let backend = $backend;
-            transport_core::conformance::run(stringify!($case), async move {
-                super::$case(&backend).await
-            });
         }
     };
 }
