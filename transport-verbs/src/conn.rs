@@ -1655,6 +1655,16 @@ enum Look {
     Nothing,
 }
 
+/// What the receiving half's fast path found ([`VerbsReceiver::recv_now`]).
+enum Now {
+    /// A plain small message, for the application.
+    Got(Message),
+    /// Nothing there: the CQ was empty, with nothing delivered ahead.
+    Nothing,
+    /// Not answered here: the general path ([`VerbsReceiver::next_now`]) looks.
+    Ask,
+}
+
 impl VerbsReceiver {
     /// Under the lock: the next delivery, taken from the engine on this task when the channel
     /// holds none (deliveries reach the channel only under this lock, so with the channel
@@ -1684,6 +1694,39 @@ impl VerbsReceiver {
             return Look::Again;
         }
         core.next_delivery().map_or(Look::Again, Look::Got)
+    }
+
+    /// The fast path of `recv` and `try_recv`, taken first: with nothing delivered ahead (no
+    /// end state, nothing counted for the channel or waiting in it, nothing ready in the
+    /// engine), one look at the CQ under the lock; a plain small message found there
+    /// ([`Core::receive_small`]) is returned as it came, with no [`Look`], [`ToApp`] or
+    /// [`Self::outcome`] around it (each moves the message once more).
+    fn recv_now(&mut self) -> Now {
+        if self.done.is_some() || self.shared.backlog.load(Ordering::Acquire) > 0 {
+            return Now::Ask;
+        }
+        // A busy lock: the general path tries it again, and waits if it is still busy.
+        let Ok(mut core) = self.core.try_lock() else {
+            return Now::Ask;
+        };
+        if !self.rx.is_empty() || core.engine.has_delivery() {
+            return Now::Ask;
+        }
+        core.receiver_turn = true;
+        let (small, took) = core.receive_small();
+        core.receiver_turn = false;
+        if took == 0 {
+            return Now::Nothing;
+        }
+        core.acted();
+        let Some(m) = small else {
+            // Completions of other kinds: what they delivered waits in the engine (or, a
+            // failure, in the channel), where the general path finds it.
+            return Now::Ask;
+        };
+        drop(core);
+        self.metrics.messages_received.incr();
+        Now::Got(m)
     }
 
     /// A delivery taken from the channel: no longer in the backlog the engine watches.
@@ -1828,7 +1871,12 @@ impl MessageReceiver for VerbsReceiver {
             Some(Some(f)) => return Err(f.to_error()),
             None => {}
         }
-        let d = match self.next_now() {
+        let now = match self.recv_now() {
+            Now::Got(m) => return Ok(Some(m)),
+            Now::Nothing => None,
+            Now::Ask => self.next_now(),
+        };
+        let d = match now {
             Some(d) => d,
             None => {
                 if !self.home.as_ref().is_some_and(home::Home::is_here) {
@@ -1848,7 +1896,12 @@ impl MessageReceiver for VerbsReceiver {
         }
         // One look, as `recv` takes first: no spin lease, no wake-up left behind (a busy
         // lock counts as nothing there yet).
-        match self.next_now() {
+        let now = match self.recv_now() {
+            Now::Got(m) => return TryRecv::Ready(Ok(Some(m))),
+            Now::Nothing => None,
+            Now::Ask => self.next_now(),
+        };
+        match now {
             Some(d) => TryRecv::Ready(self.outcome(d)),
             None => TryRecv::Empty,
         }

@@ -1185,6 +1185,11 @@ impl<P> Engine<P> {
         Some(d)
     }
 
+    /// Whether [`Engine::poll_delivery`] would hand something out now.
+    pub(crate) fn has_delivery(&self) -> bool {
+        matches!(self.inbound.front(), Some(Inbound::Ready(_)))
+    }
+
     /// When [`Engine::handle_timeout`] must be called next.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let none_armed = self.peer.is_some()
