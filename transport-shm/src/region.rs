@@ -11,8 +11,9 @@
 //! A region is a slice of `AtomicU64`: the peer may write any word at any time, and atomic
 //! loads and stores keep that defined (no torn word, no data race in Rust's sense).
 //!
-//! This module holds the crate's `unsafe` code: `mmap`, `munmap`, and viewing the mapping as
-//! atomics.
+//! This module holds the crate's `unsafe` code: `mmap`, `munmap`, viewing the mapping as
+//! atomics, and viewing a range of it as bytes ([`PeerBytes`], for payloads handed out without
+//! a copy).
 
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
@@ -170,6 +171,72 @@ impl Region {
     pub fn bytes(&self) -> usize {
         self.0.words * 8
     }
+
+    /// `len` bytes from `offset` of this mapping as a byte view that keeps the mapping alive;
+    /// `None` when the range is not inside the mapping (overflow included).
+    ///
+    /// Meant for a region the **peer** writes and this process only reads (the peer's payload
+    /// pool, see [`crate::pool::PoolReader`]); read [`PeerBytes`] for what such a view is.
+    /// Crate-private: a view must never meet a store of this process to the same memory, and
+    /// only the pool's reader, which never stores, makes views.
+    pub(crate) fn peer_bytes(&self, offset: usize, len: usize) -> Option<PeerBytes> {
+        let end = offset.checked_add(len)?;
+        if end > self.bytes() {
+            return None;
+        }
+        Some(PeerBytes {
+            region: self.clone(),
+            offset,
+            len,
+        })
+    }
+}
+
+/// A range of a mapping viewed as bytes ([`AsRef<[u8]>`]), holding the mapping alive: the owner
+/// behind a payload's [`bytes::Bytes`] when it is handed out without a copy.
+///
+/// **The bytes are the peer's, and stay writable by it.** The process on the other side can
+/// change them at any time, including while they are being read, so two reads of one byte may
+/// differ. They are untrusted content in every sense: whoever reads them must treat them like
+/// bytes just received from a socket that could also rewrite them (parse into a copy, never
+/// validate in place and then use), and this crate never reads them for its own decisions
+/// (indices, lengths and kinds come from ring entries copied out once). Every bit pattern is
+/// a valid `u8`, the range is inside the mapping and the mapping lives as long as this value, so
+/// nothing the peer does can make a read fault or go out of bounds.
+///
+/// This process must not write the same range (through this or another [`Region`] of the
+/// same memory) while a view is alive: the pool's reader never does, and the pool's writer is
+/// the peer, in another process.
+#[derive(Debug, Clone)]
+pub struct PeerBytes {
+    region: Region,
+    offset: usize,
+    len: usize,
+}
+
+impl PeerBytes {
+    /// Where the view starts in its region, in bytes.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+}
+
+impl AsRef<[u8]> for PeerBytes {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `offset + len <= bytes()` was checked when the view was made (no overflow),
+        // so the range lies inside the mapping, which `self.region` keeps mapped for as long as
+        // the returned borrow of `self` lives; `u8` needs no alignment and every bit pattern is
+        // a valid `u8`. The memory is shared with the peer process, which may write it at any
+        // time: that is outside what this process's compiler can see or rely on (no reference
+        // in this process writes it; see the type's docs), and the bytes are only ever handed
+        // on as untrusted content, never read back by this crate to decide anything.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.region.0.ptr.as_ptr().cast::<u8>().add(self.offset),
+                self.len,
+            )
+        }
+    }
 }
 
 #[cfg(test)]
@@ -235,6 +302,23 @@ mod tests {
             Err(RegionError::TooShort { got, need }) => assert_eq!((got, need), (4096, 8192)),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn peer_bytes_see_the_other_mapping_and_stay_inside_the_region() {
+        let (mine, fd) = Region::create("bytes", 4096).unwrap();
+        let theirs = Region::map(fd.as_fd(), 4096).unwrap();
+        mine[1].store(u64::from_ne_bytes(*b"abcdefgh"), Ordering::Relaxed);
+        let view = theirs.peer_bytes(9, 3).unwrap();
+        assert_eq!(view.as_ref(), b"bcd");
+        assert_eq!(view.offset(), 9);
+        assert_eq!(theirs.peer_bytes(4096, 0).unwrap().as_ref(), b"");
+        for (offset, len) in [(4096, 1), (4000, 97), (1, usize::MAX), (usize::MAX, 1)] {
+            assert!(theirs.peer_bytes(offset, len).is_none(), "{offset}+{len}");
+        }
+        // The view keeps the mapping alive after every `Region` is gone.
+        drop((mine, theirs, fd));
+        assert_eq!(view.as_ref(), b"bcd");
     }
 
     #[test]

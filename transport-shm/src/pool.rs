@@ -1,0 +1,911 @@
+//! A pool of fixed-size payload slots in a region the sender writes and the receiver maps.
+//!
+//! A payload too large to travel inline in ring entries ([`crate::msg`]) goes in a slot of the
+//! sender's pool: the sender takes a free slot ([`PoolWriter::alloc`]), writes the payload into
+//! it ([`PoolWriter::write`]) and sends a ring entry naming the slot and the length; the
+//! receiver checks the pair against the layout it knows and hands the payload out as
+//! [`Bytes`] over its mapping, without a copy ([`PoolReader::take`]); when the last clone of
+//! that `Bytes` is dropped the slot joins the receiver's return queue
+//! ([`PoolReader::pop_returns`]), which the transport sends back as ring entries, and the
+//! sender takes it back ([`PoolWriter::release`]).
+//!
+//! # Layout
+//!
+//! The region holds `slots` slots of `slot_bytes` each, back to back: slot `i` is bytes
+//! `i * slot_bytes .. (i + 1) * slot_bytes` ([`PoolLayout`]). Nothing else is in shared memory:
+//! no header, no free list, no counters.
+//!
+//! # Who trusts what
+//!
+//! - The **sender** keeps the free list and each slot's state locally, never in the region.
+//!   A slot id returned by the peer is checked (in range, lent, not already returned) before
+//!   anything changes; a bad one is a typed [`PoolError`] that sticks: the pool lends nothing
+//!   more.
+//! - The **receiver** checks a `(slot, len)` pair from a ring entry against its own
+//!   [`PoolLayout`] (slot in range, length within a slot, no overflow) before forming any
+//!   range, and refuses a slot the application still holds (an honest sender never reuses a
+//!   slot before it is returned), which also bounds its return queue by the number of slots.
+//!   A bad pair is a typed error that sticks.
+//! - The payload bytes themselves stay writable by the peer while the application holds them
+//!   (see [`crate::region::PeerBytes`]): they are untrusted content, and this crate never reads
+//!   them to decide anything.
+//!
+//! # Ordering
+//!
+//! The sender writes a payload with relaxed atomic stores before it pushes the ring entry that
+//! names the slot (whose `tail` store is a release); the receiver reads the entry after its
+//! acquire load of `tail`, and only then reads the payload. The receiver returns a slot only
+//! after every view of it is dropped, and the sender reuses it only after the return entry
+//! arrived through the other ring (the same release/acquire pair).
+//!
+//! # Example
+//!
+//! ```
+//! use std::os::fd::AsFd;
+//! use transport_shm::pool::{PoolLayout, PoolReader, PoolWriter};
+//! use transport_shm::region::Region;
+//!
+//! let layout = PoolLayout::new(4, 256)?;
+//! // The sender creates the pool's memfd; the receiver maps the descriptor it was sent.
+//! let (mine, fd) = Region::create("pool", layout.bytes())?;
+//! let theirs = Region::map(fd.as_fd(), layout.bytes())?;
+//! let mut tx = PoolWriter::new(mine, layout)?;
+//! let mut rx = PoolReader::new(theirs, layout)?;
+//!
+//! let slot = tx.alloc().expect("a free slot");
+//! tx.write(slot, b"a payload")?;
+//! // ... a ring entry carries (slot, 9) to the receiver ...
+//! let payload = rx.take(slot, 9)?;
+//! assert_eq!(&payload[..], b"a payload");
+//! drop(payload); // the last view: the slot is queued for return
+//! let mut back = [slot; 4];
+//! assert_eq!(rx.pop_returns(&mut back), 1);
+//! // ... a ring entry carries the return to the sender ...
+//! tx.release(back[0])?;
+//! assert_eq!(tx.available(), 4);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use crate::region::{PeerBytes, Region, MAX_REGION_BYTES};
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::fmt;
+use std::ops::{Deref, Range};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Slot sizes are multiples of this (a cache line).
+pub const SLOT_ALIGN: usize = 64;
+
+/// The number of a slot in a pool.
+///
+/// Made by [`PoolWriter::alloc`] on the sending side; on the receiving side it is whatever a
+/// ring entry said, and means nothing until [`PoolReader::take`] or [`PoolWriter::release`]
+/// has checked it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SlotId(u32);
+
+impl SlotId {
+    /// The slot numbered `raw` (not checked against any pool).
+    pub const fn new(raw: u32) -> SlotId {
+        SlotId(raw)
+    }
+
+    /// Its number.
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+
+    fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for SlotId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "slot {}", self.0)
+    }
+}
+
+/// Why a pool cannot be built or used.
+///
+/// The variants marked *peer* come from what the peer sent; they fail the side that saw them
+/// for good (every later call returns the same error), as [`crate::ring::RingError::Corrupt`]
+/// does. The others are this side's own mistakes and change nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    /// The slot count is not a power of two (at least 1).
+    #[error("a pool of {0} slots: a power of two is needed")]
+    BadSlotCount(usize),
+    /// The slot size is not a non-zero multiple of [`SLOT_ALIGN`].
+    #[error("slots of {0} bytes: a non-zero multiple of 64 is needed")]
+    BadSlotSize(usize),
+    /// The pool would be larger than [`MAX_REGION_BYTES`].
+    #[error("{slots} slots of {slot_bytes} bytes: more than the 1 GiB a region may have")]
+    TooLarge {
+        /// Slots asked for.
+        slots: usize,
+        /// Bytes per slot asked for.
+        slot_bytes: usize,
+    },
+    /// The region is smaller than the layout needs.
+    #[error("a region of {got} bytes, the pool needs {need}")]
+    RegionTooSmall {
+        /// Bytes in the region.
+        got: usize,
+        /// Bytes the layout needs ([`PoolLayout::bytes`]).
+        need: usize,
+    },
+    /// This side wrote to a slot it does not hold ([`PoolWriter::write`]).
+    #[error("{0} is not allocated to this side: nothing written")]
+    NotAllocated(SlotId),
+    /// This side's payload does not fit in a slot ([`PoolWriter::write`]).
+    #[error("a payload of {len} bytes does not fit in a slot of {slot_bytes}")]
+    TooLong {
+        /// The payload's length.
+        len: usize,
+        /// Bytes per slot.
+        slot_bytes: usize,
+    },
+    /// *Peer*: a slot id past the end of the pool.
+    #[error("the peer named slot {slot} of a pool of {slots}: the pool is not used again")]
+    SlotOutOfRange {
+        /// The id it sent.
+        slot: u32,
+        /// Slots in the pool.
+        slots: usize,
+    },
+    /// *Peer*: a payload length past the end of a slot.
+    #[error("the peer sent {len} bytes in a slot of {slot_bytes}: the pool is not used again")]
+    LenTooLong {
+        /// The length it sent.
+        len: u32,
+        /// Bytes per slot.
+        slot_bytes: usize,
+    },
+    /// *Peer*: the receiver returned a slot the sender never lent.
+    #[error("the peer returned {0}, which was never lent: the pool is not used again")]
+    NeverLent(SlotId),
+    /// *Peer*: the receiver returned a slot that was already back.
+    #[error("the peer returned {0} twice: the pool is not used again")]
+    ReturnedTwice(SlotId),
+    /// *Peer*: the sender named a slot whose payload the application here still holds, which
+    /// an honest sender cannot have reused yet.
+    #[error("the peer reused {0} before it was returned: the pool is not used again")]
+    SlotHeld(SlotId),
+}
+
+/// The shape of a pool: how many slots, of how many bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolLayout {
+    slots: usize,
+    slot_bytes: usize,
+}
+
+impl PoolLayout {
+    /// A pool of `slots` slots (a power of two) of `slot_bytes` each (a non-zero multiple of
+    /// [`SLOT_ALIGN`]), at most [`MAX_REGION_BYTES`] in all.
+    ///
+    /// ```
+    /// use transport_shm::pool::{PoolError, PoolLayout};
+    /// assert_eq!(PoolLayout::new(64, 4096)?.bytes(), 256 * 1024);
+    /// assert_eq!(PoolLayout::new(3, 4096), Err(PoolError::BadSlotCount(3)));
+    /// assert_eq!(PoolLayout::new(64, 100), Err(PoolError::BadSlotSize(100)));
+    /// # Ok::<(), PoolError>(())
+    /// ```
+    pub fn new(slots: usize, slot_bytes: usize) -> Result<PoolLayout, PoolError> {
+        if !slots.is_power_of_two() {
+            return Err(PoolError::BadSlotCount(slots));
+        }
+        if slot_bytes == 0 || slot_bytes % SLOT_ALIGN != 0 {
+            return Err(PoolError::BadSlotSize(slot_bytes));
+        }
+        match slots.checked_mul(slot_bytes) {
+            Some(total) if total <= MAX_REGION_BYTES => Ok(PoolLayout { slots, slot_bytes }),
+            _ => Err(PoolError::TooLarge { slots, slot_bytes }),
+        }
+    }
+
+    /// Slots in the pool (at most 2^24, so an id fits in a `u32`).
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Bytes per slot.
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// Bytes the region must hold.
+    pub fn bytes(&self) -> usize {
+        self.slots * self.slot_bytes
+    }
+
+    /// The byte range of a payload of `len` bytes in `slot`, after checking both against this
+    /// layout (a [`PoolError::SlotOutOfRange`] or [`PoolError::LenTooLong`] otherwise). Pure:
+    /// this is the check [`PoolReader::take`] makes, for values read from the peer.
+    ///
+    /// ```
+    /// use transport_shm::pool::{PoolError, PoolLayout, SlotId};
+    /// let layout = PoolLayout::new(4, 128)?;
+    /// assert_eq!(layout.payload_range(SlotId::new(2), 5)?, 256..261);
+    /// assert!(matches!(layout.payload_range(SlotId::new(4), 5), Err(PoolError::SlotOutOfRange { .. })));
+    /// assert!(matches!(layout.payload_range(SlotId::new(0), 129), Err(PoolError::LenTooLong { .. })));
+    /// # Ok::<(), PoolError>(())
+    /// ```
+    pub fn payload_range(&self, slot: SlotId, len: u32) -> Result<Range<usize>, PoolError> {
+        if slot.index() >= self.slots {
+            return Err(PoolError::SlotOutOfRange {
+                slot: slot.get(),
+                slots: self.slots,
+            });
+        }
+        // `len` fits in usize (at least 32 bits here) and is at most a slot (< 2^30), and the
+        // slot's start plus a slot is at most the pool (<= 2^30): no sum below can overflow.
+        if len as usize > self.slot_bytes {
+            return Err(PoolError::LenTooLong {
+                len,
+                slot_bytes: self.slot_bytes,
+            });
+        }
+        let start = slot.index() * self.slot_bytes;
+        Ok(start..start + len as usize)
+    }
+}
+
+/// A slot's state, as the sender knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    /// Free, and never lent: a return of it is [`PoolError::NeverLent`].
+    Fresh,
+    /// Lent: allocated by this side, then sent; a return of it frees it.
+    Lent,
+    /// Free again after a return: another return of it is [`PoolError::ReturnedTwice`].
+    Returned,
+}
+
+/// The sending side of a pool: lends slots, writes payloads into them, takes them back.
+///
+/// The free list and each slot's state live here, in this process; the region only holds the
+/// payload bytes. Every operation is constant time (a write is linear in its payload) and
+/// allocates nothing; the state takes a few bytes per slot, allocated once by [`PoolWriter::new`].
+#[derive(Debug)]
+pub struct PoolWriter<R> {
+    region: R,
+    layout: PoolLayout,
+    /// Free slots, the most recently returned last (reused first: still in cache).
+    free: Vec<u32>,
+    state: Vec<SlotState>,
+    failed: Option<PoolError>,
+}
+
+impl<R: Deref<Target = [AtomicU64]>> PoolWriter<R> {
+    /// The sender's side of a pool in `region` (its own region, which the peer maps), every slot
+    /// free.
+    pub fn new(region: R, layout: PoolLayout) -> Result<PoolWriter<R>, PoolError> {
+        let got = region.len().saturating_mul(8);
+        if got < layout.bytes() {
+            return Err(PoolError::RegionTooSmall {
+                got,
+                need: layout.bytes(),
+            });
+        }
+        // Slot 0 on top: a fresh pool lends 0, 1, 2, ...
+        let free = (0..layout.slots as u32).rev().collect();
+        Ok(PoolWriter {
+            region,
+            layout,
+            free,
+            state: vec![SlotState::Fresh; layout.slots],
+            failed: None,
+        })
+    }
+
+    /// A free slot, now lent; `None` when every slot is lent (wait for returns) or the pool
+    /// failed ([`PoolWriter::failed`]).
+    pub fn alloc(&mut self) -> Option<SlotId> {
+        if self.failed.is_some() {
+            return None;
+        }
+        let slot = self.free.pop()?;
+        self.state[slot as usize] = SlotState::Lent;
+        Some(SlotId(slot))
+    }
+
+    /// Writes `payload` at the start of `slot`, which this side must hold (from
+    /// [`PoolWriter::alloc`], not yet released). The bytes after the payload up to the next
+    /// multiple of 8 become zero; the rest of the slot is left as it was.
+    pub fn write(&mut self, slot: SlotId, payload: &[u8]) -> Result<(), PoolError> {
+        if self.state.get(slot.index()) != Some(&SlotState::Lent) {
+            return Err(PoolError::NotAllocated(slot));
+        }
+        if payload.len() > self.layout.slot_bytes {
+            return Err(PoolError::TooLong {
+                len: payload.len(),
+                slot_bytes: self.layout.slot_bytes,
+            });
+        }
+        let start = slot.index() * self.layout.slot_bytes / 8;
+        let words = &self.region[start..start + self.layout.slot_bytes / 8];
+        let mut chunks = payload.chunks_exact(8);
+        for (word, chunk) in words.iter().zip(&mut chunks) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(chunk);
+            word.store(u64::from_ne_bytes(b), Ordering::Relaxed);
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut b = [0u8; 8];
+            b[..rest.len()].copy_from_slice(rest);
+            words[payload.len() / 8].store(u64::from_ne_bytes(b), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Takes back `slot`, which the peer returned: it must be in the pool and lent. Anything
+    /// else means the peer is corrupt: a *peer* [`PoolError`] that fails the pool for good.
+    pub fn release(&mut self, slot: SlotId) -> Result<(), PoolError> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        let e = match self.state.get(slot.index()) {
+            Some(SlotState::Lent) => {
+                self.state[slot.index()] = SlotState::Returned;
+                // At most `slots` ids are ever in the list (each slot leaves it before it can
+                // come back), and its capacity is `slots`: no allocation.
+                self.free.push(slot.get());
+                return Ok(());
+            }
+            Some(SlotState::Fresh) => PoolError::NeverLent(slot),
+            Some(SlotState::Returned) => PoolError::ReturnedTwice(slot),
+            None => PoolError::SlotOutOfRange {
+                slot: slot.get(),
+                slots: self.layout.slots,
+            },
+        };
+        self.failed = Some(e);
+        Err(e)
+    }
+
+    /// Slots free to lend now (0 once the pool failed).
+    pub fn available(&self) -> usize {
+        if self.failed.is_some() {
+            0
+        } else {
+            self.free.len()
+        }
+    }
+
+    /// Slots lent and not yet returned.
+    pub fn lent(&self) -> usize {
+        self.layout.slots - self.free.len()
+    }
+
+    /// The pool's layout.
+    pub fn layout(&self) -> PoolLayout {
+        self.layout
+    }
+
+    /// The error that failed the pool, if one did.
+    pub fn failed(&self) -> Option<PoolError> {
+        self.failed
+    }
+}
+
+/// Slots whose last view was dropped, waiting to be sent back. Shared between the reader and
+/// the owners of the views it handed out (which may be dropped on any thread).
+type ReturnQueue = Arc<Mutex<VecDeque<SlotId>>>;
+
+/// The owner behind a payload's [`Bytes`]: the bytes in the peer's pool, kept mapped, and the
+/// slot to return when the last view goes.
+#[derive(Debug)]
+struct Loan {
+    bytes: PeerBytes,
+    slot: SlotId,
+    returns: ReturnQueue,
+}
+
+impl AsRef<[u8]> for Loan {
+    fn as_ref(&self) -> &[u8] {
+        self.bytes.as_ref()
+    }
+}
+
+impl Drop for Loan {
+    fn drop(&mut self) {
+        // A panic elsewhere while the lock was held cannot leave the queue half-changed (a
+        // push or a pop is the whole critical section): go on with it.
+        let mut q = self.returns.lock().unwrap_or_else(|e| e.into_inner());
+        // The reader refuses a slot it already holds, so each slot is at most once in the
+        // queue and its capacity (`slots`) is never exceeded: no allocation here.
+        q.push_back(self.slot);
+    }
+}
+
+/// The receiving side of a pool: the peer's pool, mapped, from which payloads are handed out
+/// as [`Bytes`] without a copy.
+///
+/// **The bytes handed out stay writable by the peer** for as long as they are held (see
+/// [`PeerBytes`]): they are untrusted content, to be parsed into a copy by whoever reads them,
+/// and this crate never reads them to decide anything.
+#[derive(Debug)]
+pub struct PoolReader {
+    region: Region,
+    layout: PoolLayout,
+    /// Slots handed out whose return has not been popped yet: the application holds a view,
+    /// or the slot waits in `returns`.
+    held: Vec<bool>,
+    returns: ReturnQueue,
+    failed: Option<PoolError>,
+}
+
+impl PoolReader {
+    /// The receiver's side of the peer's pool, mapped as `region` (from
+    /// [`Region::map`] of the descriptor the peer sent, at [`PoolLayout::bytes`] of this side's
+    /// expected layout). This process must only read that region.
+    pub fn new(region: Region, layout: PoolLayout) -> Result<PoolReader, PoolError> {
+        if region.bytes() < layout.bytes() {
+            return Err(PoolError::RegionTooSmall {
+                got: region.bytes(),
+                need: layout.bytes(),
+            });
+        }
+        Ok(PoolReader {
+            region,
+            layout,
+            held: vec![false; layout.slots],
+            returns: Arc::new(Mutex::new(VecDeque::with_capacity(layout.slots))),
+            failed: None,
+        })
+    }
+
+    /// The payload of `len` bytes in `slot`, as a ring entry from the peer named them, as
+    /// [`Bytes`] over the mapping (no copy; the mapping stays alive while any clone does). When
+    /// the last clone is dropped, `slot` joins the return queue ([`PoolReader::pop_returns`]).
+    ///
+    /// The pair is checked first ([`PoolLayout::payload_range`]), and `slot` must not be held
+    /// already; anything else is a *peer* [`PoolError`] that fails the reader for good.
+    ///
+    /// The `Bytes` are the peer's memory: it can change them at any time. Treat them as
+    /// untrusted and unstable (copy before validating what matters).
+    pub fn take(&mut self, slot: SlotId, len: u32) -> Result<Bytes, PoolError> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        let range = match self.layout.payload_range(slot, len) {
+            Ok(r) => r,
+            Err(e) => return Err(self.fail(e)),
+        };
+        if self.held[slot.index()] {
+            return Err(self.fail(PoolError::SlotHeld(slot)));
+        }
+        let Some(bytes) = self.region.peer_bytes(range.start, range.len()) else {
+            // `new` checked that the region holds the whole layout: cannot happen.
+            return Err(self.fail(PoolError::RegionTooSmall {
+                got: self.region.bytes(),
+                need: range.end,
+            }));
+        };
+        self.held[slot.index()] = true;
+        Ok(Bytes::from_owner(Loan {
+            bytes,
+            slot,
+            returns: self.returns.clone(),
+        }))
+    }
+
+    fn fail(&mut self, e: PoolError) -> PoolError {
+        self.failed = Some(e);
+        e
+    }
+
+    /// Moves up to `out.len()` slots whose views are all dropped into `out`, oldest first, and
+    /// returns how many. They are no longer held here: the caller must send them back to the
+    /// peer (as ring entries, [`crate::msg::encode_returns`]).
+    pub fn pop_returns(&mut self, out: &mut [SlotId]) -> usize {
+        let mut q = self.returns.lock().unwrap_or_else(|e| e.into_inner());
+        let mut n = 0;
+        for o in out.iter_mut() {
+            let Some(slot) = q.pop_front() else { break };
+            self.held[slot.index()] = false;
+            *o = slot;
+            n += 1;
+        }
+        n
+    }
+
+    /// Slots waiting in the return queue.
+    pub fn pending_returns(&self) -> usize {
+        self.returns.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Slots handed out and not yet popped from the return queue.
+    pub fn held(&self) -> usize {
+        self.held.iter().filter(|h| **h).count()
+    }
+
+    /// The pool's layout.
+    pub fn layout(&self) -> PoolLayout {
+        self.layout
+    }
+
+    /// The error that failed the reader, if one did.
+    pub fn failed(&self) -> Option<PoolError> {
+        self.failed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::os::fd::AsFd;
+
+    fn words(layout: PoolLayout) -> Arc<[AtomicU64]> {
+        (0..layout.bytes() / 8).map(|_| AtomicU64::new(0)).collect()
+    }
+
+    /// A writer and a reader of one pool across two mappings of one memfd, as two processes
+    /// would have it.
+    fn pair(slots: usize, slot_bytes: usize) -> (PoolWriter<Region>, PoolReader) {
+        let layout = PoolLayout::new(slots, slot_bytes).unwrap();
+        let (mine, fd) = Region::create("pool", layout.bytes()).unwrap();
+        let theirs = Region::map(fd.as_fd(), layout.bytes()).unwrap();
+        (
+            PoolWriter::new(mine, layout).unwrap(),
+            PoolReader::new(theirs, layout).unwrap(),
+        )
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed))
+            .collect()
+    }
+
+    #[test]
+    fn layouts_outside_the_limits_are_refused() {
+        for bad in [0, 3, 6, 100] {
+            assert_eq!(PoolLayout::new(bad, 64), Err(PoolError::BadSlotCount(bad)));
+        }
+        for bad in [0, 1, 32, 65, 100, 4097] {
+            assert_eq!(PoolLayout::new(4, bad), Err(PoolError::BadSlotSize(bad)));
+        }
+        assert_eq!(
+            PoolLayout::new(1 << 20, 2048),
+            Err(PoolError::TooLarge {
+                slots: 1 << 20,
+                slot_bytes: 2048
+            })
+        );
+        // Overflow of slots * slot_bytes is refused, not wrapped.
+        let huge = 1usize << (usize::BITS - 1);
+        assert!(matches!(
+            PoolLayout::new(huge, 64),
+            Err(PoolError::TooLarge { .. })
+        ));
+        let l = PoolLayout::new(1, 64).unwrap();
+        assert_eq!((l.slots(), l.slot_bytes(), l.bytes()), (1, 64, 64));
+        let l = PoolLayout::new(1 << 14, 1 << 16).unwrap();
+        assert_eq!(l.bytes(), MAX_REGION_BYTES);
+    }
+
+    #[test]
+    fn a_region_smaller_than_the_pool_is_refused() {
+        let layout = PoolLayout::new(4, 128).unwrap();
+        let short: Arc<[AtomicU64]> = (0..63).map(|_| AtomicU64::new(0)).collect();
+        assert_eq!(
+            PoolWriter::new(short, layout).unwrap_err(),
+            PoolError::RegionTooSmall {
+                got: 504,
+                need: 512
+            }
+        );
+        let (r, _fd) = Region::create("short", 256).unwrap();
+        assert_eq!(
+            PoolReader::new(r, layout).unwrap_err(),
+            PoolError::RegionTooSmall {
+                got: 256,
+                need: 512
+            }
+        );
+    }
+
+    #[test]
+    fn alloc_lends_every_slot_once_then_none_and_a_release_makes_one_usable_again() {
+        let layout = PoolLayout::new(8, 64).unwrap();
+        let mut tx = PoolWriter::new(words(layout), layout).unwrap();
+        let mut got: Vec<u32> = std::iter::from_fn(|| tx.alloc()).map(SlotId::get).collect();
+        assert_eq!(got.len(), 8);
+        got.sort_unstable();
+        assert_eq!(got, (0..8).collect::<Vec<_>>(), "each slot exactly once");
+        assert_eq!((tx.available(), tx.lent()), (0, 8));
+        assert_eq!(tx.alloc(), None);
+        tx.release(SlotId::new(5)).unwrap();
+        assert_eq!((tx.available(), tx.lent()), (1, 7));
+        assert_eq!(tx.alloc(), Some(SlotId::new(5)));
+        assert_eq!(tx.alloc(), None);
+        // A slot released and lent again may be released again.
+        tx.release(SlotId::new(5)).unwrap();
+        tx.release(SlotId::new(0)).unwrap();
+        assert_eq!(tx.failed(), None);
+        assert_eq!(tx.available(), 2);
+    }
+
+    #[test]
+    fn a_bad_return_is_a_typed_error_that_sticks() {
+        let layout = PoolLayout::new(4, 64).unwrap();
+        /// Prepares the writer and gives the slot the peer returns.
+        type Setup = dyn Fn(&mut PoolWriter<Arc<[AtomicU64]>>) -> SlotId;
+        let cases: [(&Setup, PoolError); 4] = [
+            (
+                &|_| SlotId::new(4),
+                PoolError::SlotOutOfRange { slot: 4, slots: 4 },
+            ),
+            (
+                &|_| SlotId::new(u32::MAX),
+                PoolError::SlotOutOfRange {
+                    slot: u32::MAX,
+                    slots: 4,
+                },
+            ),
+            // Lent: 0 and 1. Slot 3 never was.
+            (&|_| SlotId::new(3), PoolError::NeverLent(SlotId::new(3))),
+            (
+                &|tx| {
+                    tx.release(SlotId::new(1)).unwrap();
+                    SlotId::new(1)
+                },
+                PoolError::ReturnedTwice(SlotId::new(1)),
+            ),
+        ];
+        for (bad, want) in cases {
+            let mut tx = PoolWriter::new(words(layout), layout).unwrap();
+            let (a, _b) = (tx.alloc().unwrap(), tx.alloc().unwrap());
+            let slot = bad(&mut tx);
+            assert_eq!(tx.release(slot), Err(want));
+            // It sticks: a good return fails the same way, and nothing more is lent.
+            assert_eq!(tx.release(a), Err(want));
+            assert_eq!(tx.failed(), Some(want));
+            assert_eq!(tx.alloc(), None);
+            assert_eq!(tx.available(), 0);
+        }
+    }
+
+    #[test]
+    fn this_sides_write_mistakes_are_typed_and_do_not_fail_the_pool() {
+        let layout = PoolLayout::new(2, 64).unwrap();
+        let mut tx = PoolWriter::new(words(layout), layout).unwrap();
+        assert_eq!(
+            tx.write(SlotId::new(0), b"x"),
+            Err(PoolError::NotAllocated(SlotId::new(0)))
+        );
+        assert_eq!(
+            tx.write(SlotId::new(9), b"x"),
+            Err(PoolError::NotAllocated(SlotId::new(9)))
+        );
+        let s = tx.alloc().unwrap();
+        assert_eq!(
+            tx.write(s, &[0; 65]),
+            Err(PoolError::TooLong {
+                len: 65,
+                slot_bytes: 64
+            })
+        );
+        tx.write(s, &[1; 64]).unwrap();
+        tx.release(s).unwrap();
+        assert_eq!(tx.write(s, b"x"), Err(PoolError::NotAllocated(s)));
+        assert_eq!(tx.failed(), None);
+    }
+
+    #[test]
+    fn payloads_of_every_boundary_length_cross_two_mappings_exactly() {
+        let (mut tx, mut rx) = pair(4, 128);
+        for (n, len) in [0usize, 1, 7, 8, 9, 63, 64, 65, 127, 128]
+            .into_iter()
+            .enumerate()
+        {
+            let s = tx.alloc().unwrap();
+            // Leftovers of a longer payload in the slot must not show.
+            tx.write(s, &[0xee; 128]).unwrap();
+            let want = pattern(len, n as u8);
+            tx.write(s, &want).unwrap();
+            let got = rx.take(s, len as u32).unwrap();
+            assert_eq!(&got[..], &want[..], "length {len}");
+            drop(got);
+            let mut back = [SlotId::new(0); 2];
+            assert_eq!(rx.pop_returns(&mut back), 1);
+            assert_eq!(back[0], s);
+            tx.release(s).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_bad_slot_or_length_from_the_peer_is_refused_before_any_range_and_sticks() {
+        let cases = [
+            (4, 0, PoolError::SlotOutOfRange { slot: 4, slots: 4 }),
+            (
+                u32::MAX,
+                u32::MAX,
+                PoolError::SlotOutOfRange {
+                    slot: u32::MAX,
+                    slots: 4,
+                },
+            ),
+            (
+                3,
+                129,
+                PoolError::LenTooLong {
+                    len: 129,
+                    slot_bytes: 128,
+                },
+            ),
+            (
+                0,
+                u32::MAX,
+                PoolError::LenTooLong {
+                    len: u32::MAX,
+                    slot_bytes: 128,
+                },
+            ),
+        ];
+        for (slot, len, want) in cases {
+            let (_tx, mut rx) = pair(4, 128);
+            assert_eq!(rx.take(SlotId::new(slot), len), Err(want));
+            assert_eq!(rx.take(SlotId::new(0), 1), Err(want), "sticks");
+            assert_eq!(rx.failed(), Some(want));
+            assert_eq!(rx.held(), 0);
+        }
+        // The last byte of the last slot is in range.
+        let (_tx, mut rx) = pair(4, 128);
+        assert_eq!(rx.take(SlotId::new(3), 128).unwrap().len(), 128);
+    }
+
+    #[test]
+    fn a_slot_named_again_before_its_return_is_refused() {
+        let (_tx, mut rx) = pair(4, 64);
+        let held = rx.take(SlotId::new(1), 8).unwrap();
+        let want = PoolError::SlotHeld(SlotId::new(1));
+        assert_eq!(rx.take(SlotId::new(1), 8), Err(want));
+        assert_eq!(rx.take(SlotId::new(2), 8), Err(want), "sticks");
+        drop(held);
+        // Queued for return but not popped: still this side's until it is sent back.
+        let (_tx, mut rx) = pair(4, 64);
+        drop(rx.take(SlotId::new(1), 8).unwrap());
+        assert_eq!(rx.pending_returns(), 1);
+        assert_eq!(
+            rx.take(SlotId::new(1), 8),
+            Err(PoolError::SlotHeld(SlotId::new(1)))
+        );
+    }
+
+    #[test]
+    fn a_slot_is_queued_for_return_only_when_the_last_view_is_dropped() {
+        let (mut tx, mut rx) = pair(4, 64);
+        let s = tx.alloc().unwrap();
+        tx.write(s, b"hello, world").unwrap();
+        let whole = rx.take(s, 12).unwrap();
+        let part = whole.slice(7..);
+        let clone = whole.clone();
+        let mut out = [SlotId::new(99); 4];
+        drop(whole);
+        assert_eq!(rx.pending_returns(), 0);
+        drop(clone);
+        assert_eq!(rx.pending_returns(), 0);
+        assert_eq!(rx.pop_returns(&mut out), 0);
+        assert_eq!(&part[..], b"world");
+        assert_eq!(rx.held(), 1);
+        // The last view goes on another thread (the application's): the slot is queued.
+        std::thread::spawn(move || drop(part)).join().unwrap();
+        assert_eq!(rx.pending_returns(), 1);
+        assert_eq!(rx.held(), 1, "held until popped");
+        assert_eq!(rx.pop_returns(&mut out), 1);
+        assert_eq!(out[0], s);
+        assert_eq!((rx.held(), rx.pending_returns()), (0, 0));
+        // Popped: the peer may name the slot again.
+        tx.release(s).unwrap();
+        assert_eq!(tx.alloc(), Some(s));
+        tx.write(s, b"again").unwrap();
+        assert_eq!(&rx.take(s, 5).unwrap()[..], b"again");
+    }
+
+    #[test]
+    fn returns_come_out_in_drop_order_and_pop_takes_at_most_what_fits() {
+        let (_tx, mut rx) = pair(8, 64);
+        let views: Vec<Bytes> = (0..5)
+            .map(|s| rx.take(SlotId::new(s), 1).unwrap())
+            .collect();
+        for i in [3, 0, 4, 1, 2] {
+            drop(views[i].clone());
+        }
+        drop(views.into_iter().rev().collect::<Vec<_>>());
+        let mut out = [SlotId::new(99); 3];
+        assert_eq!(rx.pop_returns(&mut out), 3);
+        let mut rest = [SlotId::new(99); 3];
+        assert_eq!(rx.pop_returns(&mut rest), 2);
+        let all: Vec<u32> = out.iter().chain(&rest[..2]).map(|s| s.get()).collect();
+        // Dropped in reverse of `take` order (the Vec was reversed, then dropped front first).
+        assert_eq!(all, [4, 3, 2, 1, 0]);
+        assert_eq!(rx.pop_returns(&mut rest), 0);
+    }
+
+    #[test]
+    fn a_view_keeps_the_mapping_alive_after_the_reader_and_writer_are_gone() {
+        let (mut tx, mut rx) = pair(2, 64);
+        let s = tx.alloc().unwrap();
+        tx.write(s, b"still here").unwrap();
+        let view = rx.take(s, 10).unwrap();
+        drop((tx, rx));
+        assert_eq!(&view[..], b"still here");
+        // The return queue outlives the reader too: dropping the view does not panic.
+        drop(view);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc,
+        /// Return the `n`th lent slot (an honest peer).
+        Return(usize),
+        /// A peer returns any id.
+        Bogus(u32),
+    }
+
+    proptest! {
+        /// The writer against a model: honest returns always succeed and make the slot
+        /// lendable again; a bogus return succeeds exactly when the model says the slot is
+        /// lent, otherwise fails with the model's error, which then sticks.
+        #[test]
+        fn the_writer_matches_a_model_whatever_the_peer_returns(
+            ops in proptest::collection::vec(prop_oneof![
+                3 => Just(Op::Alloc),
+                3 => any::<usize>().prop_map(Op::Return),
+                1 => prop_oneof![0u32..10, any::<u32>()].prop_map(Op::Bogus),
+            ], 1..100)
+        ) {
+            let layout = PoolLayout::new(8, 64).unwrap();
+            let mut tx = PoolWriter::new(words(layout), layout).unwrap();
+            let mut lent: Vec<u32> = Vec::new();
+            let mut ever = [false; 8];
+            let mut failed = None;
+            for op in ops {
+                match op {
+                    Op::Alloc => match tx.alloc() {
+                        Some(s) => {
+                            prop_assert!(failed.is_none());
+                            prop_assert!(!lent.contains(&s.get()), "lent twice: {s}");
+                            lent.push(s.get());
+                            ever[s.get() as usize] = true;
+                        }
+                        None => prop_assert!(failed.is_some() || lent.len() == 8),
+                    },
+                    Op::Return(_) if lent.is_empty() => {}
+                    Op::Return(_) | Op::Bogus(_) => {
+                        let slot = match op {
+                            Op::Return(n) => lent[n % lent.len()],
+                            Op::Bogus(id) => id,
+                            Op::Alloc => unreachable!(),
+                        };
+                        let want = if let Some(e) = failed {
+                            Err(e)
+                        } else if slot >= 8 {
+                            Err(PoolError::SlotOutOfRange { slot, slots: 8 })
+                        } else if lent.contains(&slot) {
+                            Ok(())
+                        } else if ever[slot as usize] {
+                            Err(PoolError::ReturnedTwice(SlotId::new(slot)))
+                        } else {
+                            Err(PoolError::NeverLent(SlotId::new(slot)))
+                        };
+                        prop_assert_eq!(tx.release(SlotId::new(slot)), want);
+                        match want {
+                            Ok(()) => lent.retain(|l| *l != slot),
+                            Err(e) => failed = Some(e),
+                        }
+                    }
+                }
+                prop_assert_eq!(tx.failed(), failed);
+                prop_assert_eq!(tx.lent(), lent.len());
+            }
+        }
+    }
+}
