@@ -8,7 +8,9 @@
 //! | words | what | written by |
 //! |---|---|---|
 //! | 0 | `tail`: entries pushed so far | the producer |
+//! | 1 | the producer's wait for room: odd while it waits | the producer |
 //! | 8 | `head`: entries popped so far | the consumer |
+//! | 9 | the consumer's sleep: odd while it sleeps | the consumer |
 //! | 16.. | `entries` slots of [`ENTRY_WORDS`] words each | the producer |
 //!
 //! The two indices are a cache line apart, so each side writes a line of its own. Indices
@@ -37,9 +39,32 @@
 //! consumer loads `tail` with acquire, copies the entries, then publishes `head` with a release
 //! store (so its reads are done before the producer may reuse the slots), which the producer
 //! loads with acquire before writing over them.
+//!
+//! # Sleeping and waking
+//!
+//! A side that finds nothing to do (the consumer an empty ring, the producer a full one) may
+//! sleep until the other acts, woken by a doorbell the two share outside the ring (a byte on
+//! the set-up socket, an eventfd: the caller's choice). The ring says when to ring it, with a
+//! word per side that counts its sleeps (odd while asleep):
+//!
+//! 1. The sleeper announces its sleep (stores an odd count), then looks once more
+//!    ([`Consumer::prepare_sleep`], [`Producer::prepare_wait_room`]); it sleeps only if there
+//!    is still nothing, and withdraws the announcement when it wakes ([`Consumer::woke`],
+//!    [`Producer::room_woke`]).
+//! 2. The other side, after publishing its index, reads the sleeper's word
+//!    ([`Producer::should_wake`], [`Consumer::should_signal_room`]) and rings the doorbell
+//!    when the sleeper announced a sleep it has not rung for yet: once per sleep, however
+//!    many entries it pushes meanwhile.
+//!
+//! A sequentially consistent fence sits between each side's store and its load, so at least
+//! one of the two sees the other's: either the sleeper's last look finds the entry (or the
+//! room), or the other side sees the announcement and rings. No wake-up is lost. The peer's
+//! word is only a hint: any value it writes there makes this side ring too often (one
+//! doorbell per entry at worst) or not at all (the peer sleeps through its own fault); it can
+//! never make this side index, allocate or wait.
 
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 /// Words in one entry.
 pub const ENTRY_WORDS: usize = 8;
@@ -50,8 +75,12 @@ pub const MAX_ENTRIES: usize = 1 << 20;
 
 /// Word of the producer's index.
 const TAIL: usize = 0;
+/// Word of the producer's count of waits for room (odd while it waits).
+const WAIT_ROOM: usize = 1;
 /// Word of the consumer's index.
 const HEAD: usize = 8;
+/// Word of the consumer's count of sleeps (odd while it sleeps).
+const SLEEP: usize = 9;
 /// First word of the first slot.
 const SLOTS: usize = 16;
 
@@ -140,6 +169,10 @@ pub struct Producer<R> {
     tail: u64,
     /// The peer's `head` when last read (validated).
     head: u64,
+    /// This side's count of waits for room (odd while waiting), kept locally.
+    waits: u64,
+    /// The consumer's sleep count this side last rang the doorbell for.
+    rang_for: u64,
     failed: Option<RingError>,
 }
 
@@ -149,11 +182,14 @@ impl<R: Deref<Target = [AtomicU64]>> Producer<R> {
     pub fn new(region: R, layout: RingLayout) -> Result<Producer<R>, RingError> {
         layout.check(&region)?;
         region[TAIL].store(0, Ordering::Release);
+        region[WAIT_ROOM].store(0, Ordering::Release);
         Ok(Producer {
             region,
             layout,
             tail: 0,
             head: 0,
+            waits: 0,
+            rang_for: 0,
             failed: None,
         })
     }
@@ -208,6 +244,50 @@ impl<R: Deref<Target = [AtomicU64]>> Producer<R> {
         self.refresh()?;
         Ok(self.layout.entries - (self.tail - self.head) as usize)
     }
+
+    /// After pushing: whether the consumer sleeps, announced a sleep this side has not rung
+    /// for yet, and so must be woken (the caller rings the doorbell). True once per sleep.
+    pub fn should_wake(&mut self) -> bool {
+        // Orders this side's `tail` store before the load of the consumer's word (the
+        // consumer orders its announcement before its last look the same way).
+        fence(Ordering::SeqCst);
+        let sleeps = self.region[SLEEP].load(Ordering::Relaxed);
+        if sleeps % 2 == 1 && sleeps != self.rang_for {
+            self.rang_for = sleeps;
+            return true;
+        }
+        false
+    }
+
+    /// Before sleeping on a full ring: announces the wait for room, then looks once more.
+    /// `Ok(true)`: still full, sleep until the doorbell (the consumer that frees a slot next
+    /// sees the announcement: [`Consumer::should_signal_room`]), then call
+    /// [`Producer::room_woke`]; `Ok(false)`: a slot came free meanwhile, do not sleep (the
+    /// announcement is withdrawn).
+    pub fn prepare_wait_room(&mut self) -> Result<bool, RingError> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        if self.waits % 2 == 0 {
+            self.waits += 1;
+            self.region[WAIT_ROOM].store(self.waits, Ordering::Relaxed);
+        }
+        fence(Ordering::SeqCst);
+        if self.refresh()? {
+            self.room_woke();
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Withdraws the announcement of [`Producer::prepare_wait_room`]: after the doorbell (or
+    /// a time limit), before pushing again.
+    pub fn room_woke(&mut self) {
+        if self.waits % 2 == 1 {
+            self.waits += 1;
+            self.region[WAIT_ROOM].store(self.waits, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The reading side of a ring.
@@ -219,6 +299,10 @@ pub struct Consumer<R> {
     head: u64,
     /// The peer's `tail` when last read (validated).
     tail: u64,
+    /// This side's count of sleeps (odd while asleep), kept locally.
+    sleeps: u64,
+    /// The producer's wait count this side last rang the doorbell for.
+    rang_for: u64,
     failed: Option<RingError>,
 }
 
@@ -227,11 +311,14 @@ impl<R: Deref<Target = [AtomicU64]>> Consumer<R> {
     pub fn new(region: R, layout: RingLayout) -> Result<Consumer<R>, RingError> {
         layout.check(&region)?;
         region[HEAD].store(0, Ordering::Release);
+        region[SLEEP].store(0, Ordering::Release);
         Ok(Consumer {
             region,
             layout,
             head: 0,
             tail: 0,
+            sleeps: 0,
+            rang_for: 0,
             failed: None,
         })
     }
@@ -277,6 +364,49 @@ impl<R: Deref<Target = [AtomicU64]>> Consumer<R> {
     /// Entries popped so far.
     pub fn popped(&self) -> u64 {
         self.head
+    }
+
+    /// Before sleeping on an empty ring: announces the sleep, then looks once more.
+    /// `Ok(true)`: still empty, sleep until the doorbell (the producer that pushes next sees
+    /// the announcement: [`Producer::should_wake`]), then call [`Consumer::woke`];
+    /// `Ok(false)`: an entry came meanwhile, do not sleep (the announcement is withdrawn).
+    pub fn prepare_sleep(&mut self) -> Result<bool, RingError> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        if self.sleeps % 2 == 0 {
+            self.sleeps += 1;
+            self.region[SLEEP].store(self.sleeps, Ordering::Relaxed);
+        }
+        fence(Ordering::SeqCst);
+        if self.head != self.tail || self.refresh()? {
+            self.woke();
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Withdraws the announcement of [`Consumer::prepare_sleep`]: after the doorbell (or a
+    /// time limit), before looking again.
+    pub fn woke(&mut self) {
+        if self.sleeps % 2 == 1 {
+            self.sleeps += 1;
+            self.region[SLEEP].store(self.sleeps, Ordering::Relaxed);
+        }
+    }
+
+    /// After popping: whether the producer waits for room, announced a wait this side has
+    /// not rung for yet, and so must be woken (the caller rings the doorbell). True once per
+    /// wait.
+    pub fn should_signal_room(&mut self) -> bool {
+        // Orders this side's `head` store before the load of the producer's word.
+        fence(Ordering::SeqCst);
+        let waits = self.region[WAIT_ROOM].load(Ordering::Relaxed);
+        if waits % 2 == 1 && waits != self.rang_for {
+            self.rang_for = waits;
+            return true;
+        }
+        false
     }
 }
 
@@ -482,10 +612,130 @@ mod tests {
         assert_eq!(rx.try_pop().unwrap(), None);
     }
 
+    #[test]
+    fn a_sleeping_consumer_is_rung_for_once_per_sleep_and_never_while_awake() {
+        let (mut tx, mut rx) = pair(4);
+        // Awake: pushes ring nothing.
+        assert!(tx.try_push(&entry(0)).unwrap());
+        assert!(!tx.should_wake());
+        // An entry there: the announcement is withdrawn at once, and nothing is rung.
+        assert!(!rx.prepare_sleep().unwrap());
+        assert!(tx.try_push(&entry(1)).unwrap());
+        assert!(!tx.should_wake(), "a withdrawn sleep is not rung for");
+        rx.try_pop().unwrap();
+        rx.try_pop().unwrap();
+        // Empty: it sleeps; the next push rings once, the ones after it do not.
+        assert!(rx.prepare_sleep().unwrap());
+        assert!(tx.try_push(&entry(2)).unwrap());
+        assert!(tx.should_wake());
+        assert!(tx.try_push(&entry(3)).unwrap());
+        assert!(!tx.should_wake(), "one doorbell per sleep");
+        rx.woke();
+        assert_eq!(rx.try_pop().unwrap(), Some(entry(2)));
+        assert_eq!(rx.try_pop().unwrap(), Some(entry(3)));
+        // A second sleep is a new one: rung for again.
+        assert!(rx.prepare_sleep().unwrap());
+        assert!(tx.try_push(&entry(4)).unwrap());
+        assert!(tx.should_wake(), "a new sleep is rung for");
+    }
+
+    #[test]
+    fn a_producer_waiting_for_room_is_rung_for_once_per_wait() {
+        let (mut tx, mut rx) = pair(2);
+        assert!(tx.try_push(&entry(0)).unwrap());
+        // Room left: no wait.
+        assert!(!tx.prepare_wait_room().unwrap());
+        assert!(tx.try_push(&entry(1)).unwrap());
+        assert!(!tx.try_push(&entry(2)).unwrap(), "full");
+        assert!(!rx.should_signal_room(), "nobody waits");
+        assert!(tx.prepare_wait_room().unwrap());
+        rx.try_pop().unwrap();
+        assert!(rx.should_signal_room());
+        rx.try_pop().unwrap();
+        assert!(!rx.should_signal_room(), "one doorbell per wait");
+        tx.room_woke();
+        assert!(tx.try_push(&entry(2)).unwrap());
+    }
+
+    /// A doorbell between two threads, as the set-up socket is between two processes: a
+    /// signal that waits at most `limit` (a lost wake-up fails the test instead of hanging it).
+    struct Bell(std::sync::mpsc::Receiver<()>, Duration);
+
+    impl Bell {
+        fn wait(&self, who: &str, n: u64) {
+            if let Err(e) = self.0.recv_timeout(self.1) {
+                panic!("{who} slept through at {n}: {e} (a lost wake-up)");
+            }
+        }
+    }
+
+    #[test]
+    fn two_threads_that_sleep_when_idle_lose_no_wake_up() {
+        const N: u64 = 100_000;
+        let limit = Duration::from_secs(20);
+        // A small ring: the producer often finds it full and waits for room too.
+        let (mut tx, mut rx) = pair(4);
+        let (data_tx, data_rx) = std::sync::mpsc::channel::<()>();
+        let (room_tx, room_rx) = std::sync::mpsc::channel::<()>();
+        let (data_bell, room_bell) = (Bell(data_rx, limit), Bell(room_rx, limit));
+        let producer = std::thread::spawn(move || {
+            let (mut n, mut rung, mut waits) = (0, 0u64, 0u64);
+            while n < N {
+                if tx.try_push(&entry(n)).unwrap() {
+                    n += 1;
+                    if tx.should_wake() {
+                        rung += 1;
+                        let _ = data_tx.send(());
+                    }
+                } else if tx.prepare_wait_room().unwrap() {
+                    waits += 1;
+                    room_bell.wait("the producer", n);
+                    tx.room_woke();
+                }
+            }
+            (rung, waits)
+        });
+        let (mut n, mut sleeps) = (0, 0u64);
+        while n < N {
+            match rx.try_pop().unwrap() {
+                Some(e) => {
+                    assert_eq!(e, entry(n), "entry {n}");
+                    n += 1;
+                    if rx.should_signal_room() {
+                        let _ = room_tx.send(());
+                    }
+                }
+                None => {
+                    if rx.prepare_sleep().unwrap() {
+                        sleeps += 1;
+                        data_bell.wait("the consumer", n);
+                        rx.woke();
+                    }
+                }
+            }
+        }
+        let (rung, waits) = producer.join().unwrap();
+        assert_eq!(rx.try_pop().unwrap(), None);
+        // Every sleep that was slept was rung for (a stale ring only wakes early).
+        assert!(rung <= sleeps, "rang {rung} times for {sleeps} sleeps");
+        assert!(
+            sleeps > 0 || waits > 0,
+            "the test never slept: it tested nothing"
+        );
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Push,
         Pop,
+        /// The consumer announces a sleep (and withdraws it when the ring is not empty).
+        Sleep,
+        /// The consumer wakes.
+        Woke,
+        /// The producer announces a wait for room.
+        WaitRoom,
+        /// The producer's wait ends.
+        RoomWoke,
         /// The peer writes `value` into word `word` (any word of the region).
         Scribble {
             word: usize,
@@ -497,6 +747,10 @@ mod tests {
         prop_oneof![
             4 => Just(Op::Push),
             4 => Just(Op::Pop),
+            1 => Just(Op::Sleep),
+            1 => Just(Op::Woke),
+            1 => Just(Op::WaitRoom),
+            1 => Just(Op::RoomWoke),
             1 => (0..words, prop_oneof![any::<u64>(), 0u64..64]).prop_map(|(word, value)| Op::Scribble { word, value }),
         ]
     }
@@ -516,12 +770,27 @@ mod tests {
             let mut rx = Consumer::new(r.clone(), layout).unwrap();
             let (mut tx_err, mut rx_err) = (None, None);
             let mut indices_touched = false;
+            // Whether the peer wrote the sleep or wait words, and what each side announced.
+            let mut flags_touched = false;
+            // The model: each side's announcement, and whether the other side rang for it.
+            let (mut asleep, mut sleep_rung) = (false, false);
+            let (mut waiting, mut wait_rung) = (false, false);
             let mut expected = std::collections::VecDeque::new();
             let mut n = 0u64;
             for op in ops {
                 match op {
                     Op::Push => match tx.try_push(&entry(n)) {
-                        Ok(true) => { expected.push_back(entry(n)); n += 1; }
+                        Ok(true) => {
+                            expected.push_back(entry(n));
+                            n += 1;
+                            // Rung for exactly once per announced sleep, while the words are
+                            // the two sides' own.
+                            let wake = tx.should_wake();
+                            if !flags_touched {
+                                prop_assert_eq!(wake, asleep && !sleep_rung, "doorbell for a sleep");
+                            }
+                            sleep_rung |= wake;
+                        }
                         Ok(false) => prop_assert!(indices_touched || expected.len() == 4),
                         Err(e) => {
                             prop_assert!(indices_touched, "an honest ring failed: {e}");
@@ -531,6 +800,11 @@ mod tests {
                     },
                     Op::Pop => match rx.try_pop() {
                         Ok(Some(e)) => {
+                            let room = rx.should_signal_room();
+                            if !flags_touched {
+                                prop_assert_eq!(room, waiting && !wait_rung, "doorbell for a wait");
+                            }
+                            wait_rung |= room;
                             let want = expected.pop_front();
                             if !indices_touched {
                                 prop_assert_eq!(Some(e), want);
@@ -543,7 +817,42 @@ mod tests {
                             rx_err = Some(e);
                         }
                     },
+                    Op::Sleep => match rx.prepare_sleep() {
+                        // `asleep`: announced and not yet rung for (a push rings it once).
+                        Ok(sleeping) => {
+                            prop_assert!(indices_touched || sleeping == expected.is_empty());
+                            // A sleep announced anew is not rung for yet; one still announced
+                            // stays as it was.
+                            if sleeping && !asleep {
+                                sleep_rung = false;
+                            }
+                            asleep = sleeping;
+                        }
+                        Err(e) => {
+                            prop_assert!(indices_touched, "an honest ring failed: {e}");
+                            rx_err = Some(e);
+                            // Announced before the look that failed: the model stops here.
+                            flags_touched = true;
+                        }
+                    },
+                    Op::Woke => { rx.woke(); asleep = false; }
+                    Op::WaitRoom => match tx.prepare_wait_room() {
+                        Ok(w) => {
+                            prop_assert!(indices_touched || w == (expected.len() == 4));
+                            if w && !waiting {
+                                wait_rung = false;
+                            }
+                            waiting = w;
+                        }
+                        Err(e) => {
+                            prop_assert!(indices_touched, "an honest ring failed: {e}");
+                            tx_err = Some(e);
+                            flags_touched = true;
+                        }
+                    },
+                    Op::RoomWoke => { tx.room_woke(); waiting = false; }
                     Op::Scribble { word, value } => {
+                        flags_touched |= word == SLEEP || word == WAIT_ROOM;
                         indices_touched |= word == TAIL || word == HEAD;
                         if word >= SLOTS {
                             // The entry in that slot is the peer's now: stop comparing it.
