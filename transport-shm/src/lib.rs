@@ -12,9 +12,10 @@
 //! slots in the sender's region, whose free list the sender keeps to itself and whose
 //! payloads the receiver hands out as `Bytes` without a copy, returning each slot when its
 //! last view is dropped. All of these are plain data structures (no sockets or threads inside
-//! but the set-up's). The listener (an owner-only socket file, peer credentials checked, as in
-//! transport-uds), the pool's region in the hello, wake-ups and the `transport_core` traits
-//! come next; until then this crate is not a transport, and no other crate uses it.
+//! but the set-up's). [`connect`] makes connections: a listener on transport-uds's socket (an
+//! owner-only socket file, peer credentials checked) and a client, each running the set-up.
+//! The pool's region in the hello, wake-ups and the `transport_core` traits come next; until
+//! then this crate is not a transport, and no other crate uses it.
 //!
 //! # The peer shares the memory
 //!
@@ -47,6 +48,7 @@
 //! # Ok::<(), transport_shm::ring::RingError>(())
 //! ```
 
+pub mod connect;
 pub mod msg;
 pub mod pool;
 pub mod region;

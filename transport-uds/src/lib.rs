@@ -32,6 +32,9 @@
 //!   the socket file), [`UdsListener::accept`](Listener::accept) closes connections from other
 //!   uids at once, logs a warning, and keeps accepting: a rejected peer sees its connection
 //!   closed.
+//! - **Bare sockets.** [`UdsListener::accept_stream`] and [`UdsTransport::connect_stream`] give
+//!   the `UnixStream` itself, after the same checks, for a protocol other than this crate's
+//!   framing (transport-shm's set-up runs over them).
 //!
 //! As for any Unix socket, the directory holding it should not be writable by users the
 //! server does not trust: they could rename or replace the files in it.
@@ -206,7 +209,20 @@ pub struct PeerCredentials {
 }
 
 impl PeerCredentials {
-    fn of(stream: &UnixStream) -> Option<PeerCredentials> {
+    /// Who is at the other end of `stream`, accepted or connected; `None` if the kernel could
+    /// not tell. For a stream from [`UdsListener::accept_stream`] or
+    /// [`UdsTransport::connect_stream`] (on a [`UdsConnection`], use
+    /// [`PeerCredentialsExt::peer_credentials`]).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), transport_core::TransportError> {
+    /// use transport_uds::{PeerCredentials, UdsTransport};
+    ///
+    /// let stream = UdsTransport::default().connect_stream(&"/tmp/demo.sock".parse()?).await?;
+    /// let listener_owner = PeerCredentials::of(&stream).map(|c| c.uid);
+    /// # Ok(()) }
+    /// ```
+    pub fn of(stream: &UnixStream) -> Option<PeerCredentials> {
         let c = stream.peer_cred().ok()?;
         Some(PeerCredentials {
             uid: c.uid(),
@@ -227,6 +243,27 @@ impl UdsTransport {
     pub fn new(config: UdsConfig) -> UdsTransport {
         UdsTransport { config }
     }
+
+    /// Connects to `addr` and returns the bare socket, for a protocol of its own (such as
+    /// transport-shm's set-up) instead of this crate's framing.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), transport_core::TransportError> {
+    /// use tokio::io::AsyncWriteExt;
+    /// use transport_uds::UdsTransport;
+    ///
+    /// let mut stream = UdsTransport::default().connect_stream(&"/tmp/demo.sock".parse()?).await?;
+    /// stream.write_all(b"hello").await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// This is what [`Transport::connect`] connects with, before it sets the socket's send
+    /// buffer ([`UdsConfig::send_buffer_size`], not applied here) and wraps the socket in a
+    /// [`UdsConnection`]. Connecting is not bounded in time here; wrap it in a timeout if
+    /// needed. Who listens: [`PeerCredentials::of`].
+    pub async fn connect_stream(&self, addr: &UdsAddr) -> Result<UnixStream, TransportError> {
+        Ok(UnixStream::connect(&addr.0).await?)
+    }
 }
 
 /// The backend's name in [`Capabilities::name`].
@@ -242,7 +279,7 @@ impl Transport for UdsTransport {
     }
 
     async fn connect(&self, addr: &UdsAddr) -> Result<UdsConnection, TransportError> {
-        let stream = UnixStream::connect(&addr.0).await?;
+        let stream = self.connect_stream(addr).await?;
         Ok(connection(stream, &self.config, addr.to_string()))
     }
 
@@ -286,17 +323,31 @@ impl Drop for UdsListener {
     }
 }
 
-impl Listener for UdsListener {
-    type Addr = UdsAddr;
-    type Connection = UdsConnection;
-
-    fn local_addr(&self) -> Result<UdsAddr, TransportError> {
-        Ok(self.addr.clone())
-    }
-
-    /// The next connection from an allowed peer (see [`UdsConfig::allowed_uids`]); others
-    /// are closed and skipped. Cancel safe.
-    async fn accept(&mut self) -> Result<UdsConnection, TransportError> {
+impl UdsListener {
+    /// The next connection from an allowed peer as a bare socket, with who is at the other
+    /// end, for a protocol of its own (such as transport-shm's set-up) instead of this
+    /// crate's framing.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), transport_core::TransportError> {
+    /// use transport_core::Transport;
+    /// use transport_uds::{UdsConfig, UdsTransport};
+    ///
+    /// let uds = UdsTransport::new(UdsConfig::default().with_allowed_uids([1000]));
+    /// let mut listener = uds.listen(&"/tmp/demo.sock".parse()?).await?;
+    /// let (stream, credentials) = listener.accept_stream().await?;
+    /// assert_eq!(credentials.map(|c| c.uid), Some(1000));
+    /// # drop(stream);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// The same checks as [`accept`](Listener::accept), which calls this: connections from
+    /// uids not in [`UdsConfig::allowed_uids`] are closed, logged and skipped. With
+    /// `allowed_uids` set the credentials are always `Some`. The socket's send buffer
+    /// ([`UdsConfig::send_buffer_size`]) is left as the kernel made it. Cancel safe.
+    pub async fn accept_stream(
+        &mut self,
+    ) -> Result<(UnixStream, Option<PeerCredentials>), TransportError> {
         loop {
             let (stream, _) = self.inner.accept().await?;
             let credentials = PeerCredentials::of(&stream);
@@ -309,12 +360,28 @@ impl Listener for UdsListener {
                 );
                 continue;
             }
-            return Ok(connection(
-                stream,
-                &self.config,
-                format!("{} (accepted)", self.addr),
-            ));
+            return Ok((stream, credentials));
         }
+    }
+}
+
+impl Listener for UdsListener {
+    type Addr = UdsAddr;
+    type Connection = UdsConnection;
+
+    fn local_addr(&self) -> Result<UdsAddr, TransportError> {
+        Ok(self.addr.clone())
+    }
+
+    /// The next connection from an allowed peer (see [`UdsConfig::allowed_uids`]); others
+    /// are closed and skipped. Cancel safe.
+    async fn accept(&mut self) -> Result<UdsConnection, TransportError> {
+        let (stream, _) = self.accept_stream().await?;
+        Ok(connection(
+            stream,
+            &self.config,
+            format!("{} (accepted)", self.addr),
+        ))
     }
 }
 
