@@ -54,3 +54,4 @@ pub mod pool;
 pub mod region;
 pub mod ring;
 pub mod setup;
+pub mod side;

@@ -431,6 +431,8 @@ impl Drop for Loan {
 #[derive(Debug)]
 pub struct PoolReader {
     region: Region,
+    /// Where the pool starts in `region`, in bytes.
+    base: usize,
     layout: PoolLayout,
     /// Slots handed out whose return has not been popped yet: the application holds a view,
     /// or the slot waits in `returns`.
@@ -444,14 +446,26 @@ impl PoolReader {
     /// [`Region::map`] of the descriptor the peer sent, at [`PoolLayout::bytes`] of this side's
     /// expected layout). This process must only read that region.
     pub fn new(region: Region, layout: PoolLayout) -> Result<PoolReader, PoolError> {
-        if region.bytes() < layout.bytes() {
+        PoolReader::new_at(region, 0, layout)
+    }
+
+    /// [`PoolReader::new`] for a pool that starts `base` bytes into `region` (after the rings
+    /// of a connection's region, [`crate::side::SideLayout`]).
+    pub fn new_at(
+        region: Region,
+        base: usize,
+        layout: PoolLayout,
+    ) -> Result<PoolReader, PoolError> {
+        let need = base.saturating_add(layout.bytes());
+        if region.bytes() < need {
             return Err(PoolError::RegionTooSmall {
                 got: region.bytes(),
-                need: layout.bytes(),
+                need,
             });
         }
         Ok(PoolReader {
             region,
+            base,
             layout,
             held: vec![false; layout.slots],
             returns: Arc::new(Mutex::new(VecDeque::with_capacity(layout.slots))),
@@ -479,7 +493,7 @@ impl PoolReader {
         if self.held[slot.index()] {
             return Err(self.fail(PoolError::SlotHeld(slot)));
         }
-        let Some(bytes) = self.region.peer_bytes(range.start, range.len()) else {
+        let Some(bytes) = self.region.peer_bytes(self.base + range.start, range.len()) else {
             // `new` checked that the region holds the whole layout: cannot happen.
             return Err(self.fail(PoolError::RegionTooSmall {
                 got: self.region.bytes(),

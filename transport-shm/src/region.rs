@@ -192,6 +192,35 @@ impl Region {
     }
 }
 
+/// Some consecutive words of a region, as a slice of their own (a ring or a pool laid out
+/// inside a connection's region); holds the mapping alive.
+#[derive(Debug, Clone)]
+pub struct Words {
+    region: Region,
+    start: usize,
+    len: usize,
+}
+
+impl Region {
+    /// Words `start..start + len` of this region: `None` when they are not all inside it.
+    pub fn words(&self, start: usize, len: usize) -> Option<Words> {
+        let end = start.checked_add(len)?;
+        (end <= self.len()).then(|| Words {
+            region: self.clone(),
+            start,
+            len,
+        })
+    }
+}
+
+impl Deref for Words {
+    type Target = [AtomicU64];
+
+    fn deref(&self) -> &[AtomicU64] {
+        &self.region[self.start..self.start + self.len]
+    }
+}
+
 /// A range of a mapping viewed as bytes ([`AsRef<[u8]>`]), holding the mapping alive: the owner
 /// behind a payload's [`bytes::Bytes`] when it is handed out without a copy.
 ///
