@@ -6,7 +6,7 @@
 //! use transport_shm::connect::{connect, ShmListener, UdsConfig};
 //! use transport_shm::setup::{Hello, Limits};
 //!
-//! let mine = Hello { ring_entries: 256 };
+//! let mine = Hello::ring(256);
 //! let mut listener = ShmListener::bind("/tmp/demo.shm", UdsConfig::default(), mine, Limits::default()).await?;
 //! // In another process:
 //! let client = connect("/tmp/demo.shm", mine, &Limits::default()).await?;
@@ -34,7 +34,6 @@ use std::time::Duration;
 use transport_core::{Transport as _, TransportError};
 use transport_uds::{UdsAddr, UdsListener, UdsTransport};
 
-use crate::ring::RingLayout;
 use crate::setup::{handshake, Established, Hello, Limits, SetupError};
 
 pub use transport_uds::{PeerCredentials, UdsConfig};
@@ -82,7 +81,7 @@ pub struct Connected {
 /// use transport_shm::setup::{Hello, Limits};
 ///
 /// let uds = UdsConfig::default().with_allowed_uids([1000]);
-/// let mut listener = ShmListener::bind("/run/app/shm.sock", uds, Hello { ring_entries: 256 }, Limits::default()).await?;
+/// let mut listener = ShmListener::bind("/run/app/shm.sock", uds, Hello::ring(256), Limits::default()).await?;
 /// loop {
 ///     match listener.accept().await {
 ///         Ok(connection) => { /* serve connection.established */ }
@@ -116,7 +115,7 @@ impl ShmListener {
         mine: Hello,
         limits: Limits,
     ) -> Result<ShmListener, ShmError> {
-        RingLayout::new(mine.ring_entries as usize).map_err(SetupError::from)?;
+        mine.layout()?;
         let addr = UdsAddr(path.as_ref().to_path_buf());
         let inner = UdsTransport::new(uds).listen(&addr).await?;
         Ok(ShmListener {
@@ -154,7 +153,7 @@ impl ShmListener {
 /// use transport_shm::connect::connect;
 /// use transport_shm::setup::{Hello, Limits};
 ///
-/// let connection = connect("/run/app/shm.sock", Hello { ring_entries: 256 }, &Limits::default()).await?;
+/// let connection = connect("/run/app/shm.sock", Hello::ring(256), &Limits::default()).await?;
 /// let (mine, theirs) = (connection.established.mine, connection.established.theirs);
 /// # Ok(()) }
 /// ```

@@ -37,7 +37,7 @@ fn our_uid(dir: &tempfile::TempDir) -> u32 {
 }
 
 async fn listener(path: &Path, uds: UdsConfig, limits: Limits) -> ShmListener {
-    ShmListener::bind(path, uds, Hello { ring_entries: 8 }, limits)
+    ShmListener::bind(path, uds, Hello::ring(8), limits)
         .await
         .expect("bind")
 }
@@ -45,10 +45,10 @@ async fn listener(path: &Path, uds: UdsConfig, limits: Limits) -> ShmListener {
 /// An entry pushed on each side's ring is popped by the other side, across the two regions.
 fn carry_entries_both_ways(server: Connected, client: Connected) {
     let (s, c) = (server.established, client.established);
-    let mut s_tx = Producer::new(s.mine, s.my_layout).unwrap();
-    let mut s_rx = Consumer::new(s.theirs, s.their_layout).unwrap();
-    let mut c_tx = Producer::new(c.mine, c.my_layout).unwrap();
-    let mut c_rx = Consumer::new(c.theirs, c.their_layout).unwrap();
+    let mut s_tx = Producer::new(s.mine, s.my_layout.data()).unwrap();
+    let mut s_rx = Consumer::new(s.theirs, s.their_layout.data()).unwrap();
+    let mut c_tx = Producer::new(c.mine, c.my_layout.data()).unwrap();
+    let mut c_rx = Consumer::new(c.theirs, c.their_layout.data()).unwrap();
     assert!(s_tx.try_push(&[0x5a; ENTRY_BYTES]).unwrap());
     assert!(c_tx.try_push(&[0xc3; ENTRY_BYTES]).unwrap());
     assert_eq!(c_rx.try_pop().unwrap(), Some([0x5a; ENTRY_BYTES]));
@@ -64,7 +64,7 @@ async fn good_client_is_served(listener: &mut ShmListener) {
     let (server, client) = bounded("set-up", async {
         tokio::join!(
             listener.accept(),
-            connect(&path, Hello { ring_entries: 64 }, &client_limits)
+            connect(&path, Hello::ring(64), &client_limits)
         )
     })
     .await;
@@ -85,19 +85,27 @@ async fn a_listener_and_a_client_set_up_and_carry_entries_both_ways() {
     let (server, client) = bounded("set-up", async {
         tokio::join!(
             l.accept(),
-            connect(
-                socket_path(&dir),
-                Hello { ring_entries: 64 },
-                &client_limits
-            )
+            connect(socket_path(&dir), Hello::ring(64), &client_limits)
         )
     })
     .await;
     let (server, client) = (server.expect("accept"), client.expect("connect"));
     let s = &server.established;
     let c = &client.established;
-    assert_eq!((s.my_layout.entries(), s.their_layout.entries()), (8, 64));
-    assert_eq!((c.my_layout.entries(), c.their_layout.entries()), (64, 8));
+    assert_eq!(
+        (
+            s.my_layout.data().entries(),
+            s.their_layout.data().entries()
+        ),
+        (8, 64)
+    );
+    assert_eq!(
+        (
+            c.my_layout.data().entries(),
+            c.their_layout.data().entries()
+        ),
+        (64, 8)
+    );
     assert_eq!(server.peer.map(|p| p.uid), Some(uid));
     assert_eq!(client.peer.map(|p| p.uid), Some(uid));
     carry_entries_both_ways(server, client);
@@ -137,11 +145,7 @@ async fn a_listener_whose_allowed_uids_exclude_ours_refuses_the_client_and_keeps
     for i in 0..2 {
         let r = bounded(
             "refused client",
-            connect(
-                &path,
-                Hello { ring_entries: 8 },
-                &limits(Duration::from_secs(2)),
-            ),
+            connect(&path, Hello::ring(8), &limits(Duration::from_secs(2))),
         )
         .await;
         // The second client is refused too: the listener went on accepting after the first.
@@ -183,7 +187,10 @@ async fn garbage_or_silence_instead_of_a_hello_is_a_typed_error_and_the_listener
     let mut garbage = bounded("connect", tokio::net::UnixStream::connect(&path))
         .await
         .unwrap();
-    garbage.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+    garbage
+        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n")
+        .await
+        .unwrap();
     let r = bounded("accept garbage", l.accept()).await;
     assert!(
         matches!(r, Err(ShmError::Setup(SetupError::BadMagic(m))) if m == *b"GET "),
@@ -212,7 +219,7 @@ async fn connecting_where_nobody_listens_is_a_socket_error() {
     let dir = tempfile::tempdir().unwrap();
     let r = bounded(
         "connect",
-        connect(socket_path(&dir), Hello { ring_entries: 8 }, &limits(WAIT)),
+        connect(socket_path(&dir), Hello::ring(8), &limits(WAIT)),
     )
     .await;
     assert!(matches!(r, Err(ShmError::Socket(_))), "{:?}", r.map(|_| ()));
