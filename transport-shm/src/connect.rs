@@ -25,11 +25,17 @@
 //! [`Established::stream`]: its closing tells that the peer is gone.
 //!
 //! Every step is bounded in time: [`connect`] by [`Limits::timeout`] for reaching the socket,
-//! then the set-up by the same limit again; [`ShmListener::accept`] by [`Limits::timeout`] once
-//! a peer is accepted (waiting for a peer is not bounded: wrap it in a timeout if needed).
+//! then the set-up by the same limit again; the listener's set-ups, which run in the background
+//! from the moment it is bound (at most [`MAX_CONCURRENT_SETUPS`] at once), each by
+//! [`Limits::timeout`] (waiting in [`ShmListener::accept`] for a peer is not bounded: wrap it
+//! in a timeout if needed).
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinHandle;
 
 use transport_core::{Transport as _, TransportError};
 use transport_uds::{UdsAddr, UdsListener, UdsTransport};
@@ -91,14 +97,65 @@ pub struct Connected {
 /// # }
 /// ```
 ///
-/// Dropping it removes the socket file and its lock file (each if it is still its own);
-/// connections already made are not affected.
+/// Dropping it stops its accept task, which removes the socket file and its lock file (each
+/// if it is still its own) as it ends, at the runtime's next turn; connections already made
+/// are not affected.
 #[derive(Debug)]
 pub struct ShmListener {
-    inner: UdsListener,
     addr: UdsAddr,
+    /// Set-ups done (or failed) in the background, in the order they ended.
+    done: mpsc::Receiver<Result<Connected, ShmError>>,
+    /// Accepts sockets and runs their set-ups; owns the socket.
+    task: JoinHandle<()>,
+}
+
+/// Set-ups that may run at once: a flood of peers that stall holds at most this many sockets
+/// for up to [`Limits::timeout`] each, and the next ones wait in the kernel's backlog.
+pub const MAX_CONCURRENT_SETUPS: usize = 64;
+
+impl Drop for ShmListener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Accepts allowed peers and runs each set-up on a task of its own (at most
+/// [`MAX_CONCURRENT_SETUPS`] at once), sending each result to `done`; ends when the listener
+/// is dropped (its receiver closes) or the socket fails.
+async fn accept_loop(
+    mut inner: UdsListener,
     mine: Hello,
     limits: Limits,
+    done: mpsc::Sender<Result<Connected, ShmError>>,
+) {
+    let permits = Arc::new(Semaphore::new(MAX_CONCURRENT_SETUPS));
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let accepted = tokio::select! {
+            a = inner.accept_stream() => a,
+            () = done.closed() => return,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let done = done.clone();
+                tokio::spawn(async move {
+                    let r = handshake(stream, mine, &limits).await;
+                    drop(permit);
+                    let r = r
+                        .map(|established| Connected { established, peer })
+                        .map_err(ShmError::from);
+                    let _ = done.send(r).await;
+                });
+            }
+            Err(e) => {
+                // The listening socket failed: report it and stop.
+                let _ = done.send(Err(ShmError::Socket(e))).await;
+                return;
+            }
+        }
+    }
 }
 
 impl ShmListener {
@@ -118,12 +175,9 @@ impl ShmListener {
         mine.layout()?;
         let addr = UdsAddr(path.as_ref().to_path_buf());
         let inner = UdsTransport::new(uds).listen(&addr).await?;
-        Ok(ShmListener {
-            inner,
-            addr,
-            mine,
-            limits,
-        })
+        let (tx, done) = mpsc::channel(MAX_CONCURRENT_SETUPS);
+        let task = tokio::spawn(accept_loop(inner, mine, limits, tx));
+        Ok(ShmListener { addr, done, task })
     }
 
     /// The socket path.
@@ -131,17 +185,20 @@ impl ShmListener {
         self.addr.path()
     }
 
-    /// The next allowed peer, with the set-up done: peers whose uid is not allowed are closed
-    /// and skipped; the set-up with the one accepted takes at most [`Limits::timeout`].
+    /// The next peer whose set-up ended, in the order they ended. Set-ups run in the
+    /// background from the moment the listener is bound (so a client's `connect` completes
+    /// before this is called, as with a plain socket), several at once, each within
+    /// [`Limits::timeout`]; peers whose uid is not allowed are closed and skipped.
     ///
-    /// A peer that fails its set-up is an error ([`ShmError::Setup`]) and its socket is closed;
-    /// the listener is still good for the next `accept`. One set-up runs at a time, so a peer
-    /// that stalls holds the next ones back for up to the timeout. Cancelling the call while it
-    /// waits for a peer loses nothing; cancelling it during a set-up closes that peer's socket.
+    /// A peer that failed its set-up is an error ([`ShmError::Setup`]) and its socket is
+    /// closed; the listener is still good for the next `accept`. Cancel safe: a set-up done
+    /// waits for the next call.
     pub async fn accept(&mut self) -> Result<Connected, ShmError> {
-        let (stream, peer) = self.inner.accept_stream().await?;
-        let established = handshake(stream, self.mine, &self.limits).await?;
-        Ok(Connected { established, peer })
+        match self.done.recv().await {
+            Some(r) => r,
+            // The accept task ended after reporting why (a socket error), or was stopped.
+            None => Err(ShmError::Socket(TransportError::Closed)),
+        }
     }
 }
 

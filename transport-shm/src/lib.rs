@@ -1,21 +1,51 @@
-//! A shared-memory transport for processes on one host (issue 47), built bottom-up.
+//! A shared-memory transport for processes on one host: transport-core's traits over rings
+//! and payload pools in memory both processes map, set up over a Unix socket.
 //!
-//! **In progress.** What exists is the part everything else stands on: [`region`], a memfd
-//! that its creator sizes and seals and both processes map (the other side refuses one that
-//! could shrink under it); [`ring`], a single-producer single-consumer ring of 64-byte
-//! entries laid out in such a region, safe against the peer that shares it; [`setup`], the
-//! hello each side sends over a Unix socket with its ring's memfd (`SCM_RIGHTS`), checked
-//! against this side's limits before anything is mapped; [`msg`], how a message (a header of
-//! up to 64 bytes and a payload) becomes ring entries (inline up to a limit, so that an RPC
-//! `void o()` request is one entry; otherwise naming a slot of the sender's pool) and the
-//! decoder that checks every field of what the peer sent; and [`pool`], the fixed-size payload
-//! slots in the sender's region, whose free list the sender keeps to itself and whose
-//! payloads the receiver hands out as `Bytes` without a copy, returning each slot when its
-//! last view is dropped. All of these are plain data structures (no sockets or threads inside
-//! but the set-up's). [`connect`] makes connections: a listener on transport-uds's socket (an
-//! owner-only socket file, peer credentials checked) and a client, each running the set-up.
-//! The pool's region in the hello, wake-ups and the `transport_core` traits come next; until
-//! then this crate is not a transport, and no other crate uses it.
+//! [`ShmTransport`] connects and listens by socket path ([`transport_uds::UdsAddr`]) as
+//! transport-uds does (an owner-only socket file, peer credentials checked, the uids allowed),
+//! then each side sends the other a sealed memfd holding what it writes; from then on messages
+//! travel in shared memory, and the socket only carries doorbell bytes to a peer that sleeps
+//! and tells, by closing, that the peer is gone. It passes transport-core's conformance suite.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), transport_core::TransportError> {
+//! use bytes::Bytes;
+//! use transport_core::{Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport};
+//! use transport_shm::ShmTransport;
+//!
+//! let shm = ShmTransport::default();
+//! let addr = "/tmp/app.shm".parse()?;
+//! let mut listener = shm.listen(&addr).await?;
+//! let (mut tx, _) = shm.connect(&addr).await?.split();
+//! let (_, mut rx) = listener.accept().await?.split();
+//! tx.send(Message::new(HeaderBytes::EMPTY, Bytes::from_static(b"ping"))).await?;
+//! assert_eq!(&rx.recv().await?.unwrap().payload[..], b"ping");
+//! # Ok(()) }
+//! ```
+//!
+//! The layers, bottom-up, each a plain data structure but for the last three:
+//! - [`region`]: a memfd its creator sizes and seals; the other side refuses one that could
+//!   shrink under its mapping.
+//! - [`ring`]: a single-producer single-consumer ring of 64-byte entries, with the sleep and
+//!   wake protocol that loses no wake-up.
+//! - [`msg`]: a message (a header of up to 64 bytes and a payload) as ring entries: inline up
+//!   to a limit (a `void o()` request is one entry), else naming a slot of the sender's pool;
+//!   the decoder checks every field the peer wrote.
+//! - [`pool`]: the sender's payload slots, whose free list it keeps to itself; the receiver
+//!   lends a slot's payload to the application as `Bytes` without a copy and returns the slot
+//!   when the last view drops.
+//! - [`side`]: one region per side, holding its data ring, its return ring and its pool.
+//! - [`setup`]: the hello each side sends with its memfd (`SCM_RIGHTS`), checked against this
+//!   side's [`setup::Limits`] before anything is mapped.
+//! - [`connect`]: the listener (set-ups in the background, bounded in number and time) and
+//!   the client, over transport-uds's checked sockets.
+//! - [`conn`]: the connection and its halves (spinning, then sleeping on the socket), and
+//!   [`transport`]: the [`transport_core::Transport`].
+//!
+//! What this version does not do yet: a payload travels in one slot (slots are sized by
+//! [`conn::ShmConfig::max_message_size`]), the sender copies the payload into its slot once
+//! (no buffer pool in shared memory for the application to write into), and slots go back
+//! only as the receiving half runs (see [`conn`]).
 //!
 //! # The peer shares the memory
 //!
@@ -48,6 +78,7 @@
 //! # Ok::<(), transport_shm::ring::RingError>(())
 //! ```
 
+pub mod conn;
 pub mod connect;
 pub mod msg;
 pub mod pool;
@@ -55,3 +86,6 @@ pub mod region;
 pub mod ring;
 pub mod setup;
 pub mod side;
+pub mod transport;
+
+pub use transport::{ShmTransport, ShmTransportListener};

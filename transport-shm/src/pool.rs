@@ -398,12 +398,15 @@ type ReturnQueue = Arc<Mutex<VecDeque<SlotId>>>;
 
 /// The owner behind a payload's [`Bytes`]: the bytes in the peer's pool, kept mapped, and the
 /// slot to return when the last view goes.
-#[derive(Debug)]
 struct Loan {
     bytes: PeerBytes,
     slot: SlotId,
     returns: ReturnQueue,
+    hook: Option<ReturnHook>,
 }
+
+/// Called after a slot joined the return queue ([`PoolReader::on_return`]).
+pub type ReturnHook = Arc<dyn Fn() + Send + Sync>;
 
 impl AsRef<[u8]> for Loan {
     fn as_ref(&self) -> &[u8] {
@@ -419,6 +422,10 @@ impl Drop for Loan {
         // The reader refuses a slot it already holds, so each slot is at most once in the
         // queue and its capacity (`slots`) is never exceeded: no allocation here.
         q.push_back(self.slot);
+        drop(q);
+        if let Some(hook) = &self.hook {
+            hook();
+        }
     }
 }
 
@@ -428,7 +435,6 @@ impl Drop for Loan {
 /// **The bytes handed out stay writable by the peer** for as long as they are held (see
 /// [`PeerBytes`]): they are untrusted content, to be parsed into a copy by whoever reads them,
 /// and this crate never reads them to decide anything.
-#[derive(Debug)]
 pub struct PoolReader {
     region: Region,
     /// Where the pool starts in `region`, in bytes.
@@ -438,10 +444,35 @@ pub struct PoolReader {
     /// or the slot waits in `returns`.
     held: Vec<bool>,
     returns: ReturnQueue,
+    hook: Option<ReturnHook>,
     failed: Option<PoolError>,
 }
 
+impl fmt::Debug for PoolReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolReader")
+            .field("layout", &self.layout)
+            .field("held", &self.held())
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for Loan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Loan")
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
+    }
+}
+
 impl PoolReader {
+    /// Calls `hook` (on whatever thread drops it) each time the last view of a payload is
+    /// dropped and its slot joins the return queue: the transport's cue to send returns.
+    pub fn on_return(&mut self, hook: ReturnHook) {
+        self.hook = Some(hook);
+    }
+
     /// The receiver's side of the peer's pool, mapped as `region` (from
     /// [`Region::map`] of the descriptor the peer sent, at [`PoolLayout::bytes`] of this side's
     /// expected layout). This process must only read that region.
@@ -469,6 +500,7 @@ impl PoolReader {
             layout,
             held: vec![false; layout.slots],
             returns: Arc::new(Mutex::new(VecDeque::with_capacity(layout.slots))),
+            hook: None,
             failed: None,
         })
     }
@@ -505,6 +537,7 @@ impl PoolReader {
             bytes,
             slot,
             returns: self.returns.clone(),
+            hook: self.hook.clone(),
         }))
     }
 
@@ -821,6 +854,35 @@ mod tests {
         assert_eq!(tx.alloc(), Some(s));
         tx.write(s, b"again").unwrap();
         assert_eq!(&rx.take(s, 5).unwrap()[..], b"again");
+    }
+
+    #[test]
+    fn the_return_hook_runs_once_per_slot_after_its_last_view_is_queued() {
+        use std::sync::atomic::AtomicUsize;
+        let (mut tx, mut rx) = pair(4, 64);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (counted, queue) = (calls.clone(), rx.returns.clone());
+        rx.on_return(Arc::new(move || {
+            // The slot is in the queue by the time the hook runs.
+            assert!(!queue.lock().unwrap().is_empty());
+            counted.fetch_add(1, Ordering::SeqCst);
+        }));
+        let (a, b) = (tx.alloc().unwrap(), tx.alloc().unwrap());
+        tx.write(a, b"a").unwrap();
+        tx.write(b, b"b").unwrap();
+        let pa = rx.take(a, 1).unwrap();
+        let pb = rx.take(b, 1).unwrap();
+        let pa2 = pa.clone();
+        drop(pa);
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            0,
+            "a view of slot a is still held"
+        );
+        drop(pa2);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        std::thread::spawn(move || drop(pb)).join().unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
 
     #[test]

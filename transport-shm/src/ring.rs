@@ -259,12 +259,13 @@ impl<R: Deref<Target = [AtomicU64]>> Producer<R> {
         false
     }
 
-    /// Before sleeping on a full ring: announces the wait for room, then looks once more.
-    /// `Ok(true)`: still full, sleep until the doorbell (the consumer that frees a slot next
-    /// sees the announcement: [`Consumer::should_signal_room`]), then call
-    /// [`Producer::room_woke`]; `Ok(false)`: a slot came free meanwhile, do not sleep (the
-    /// announcement is withdrawn).
-    pub fn prepare_wait_room(&mut self) -> Result<bool, RingError> {
+    /// Before sleeping on a ring without room for `need` entries (a message's entries go in
+    /// together): announces the wait for room, then looks once more. `Ok(true)`: still too
+    /// full, sleep until the doorbell (the consumer that frees a slot next sees the
+    /// announcement: [`Consumer::should_signal_room`]), then call [`Producer::room_woke`] and
+    /// look again; `Ok(false)`: the room came meanwhile, do not sleep (the announcement is
+    /// withdrawn).
+    pub fn prepare_wait_room(&mut self, need: usize) -> Result<bool, RingError> {
         if let Some(e) = self.failed {
             return Err(e);
         }
@@ -273,7 +274,8 @@ impl<R: Deref<Target = [AtomicU64]>> Producer<R> {
             self.region[WAIT_ROOM].store(self.waits, Ordering::Relaxed);
         }
         fence(Ordering::SeqCst);
-        if self.refresh()? {
+        self.refresh()?;
+        if self.layout.entries - (self.tail - self.head) as usize >= need {
             self.room_woke();
             return Ok(false);
         }
@@ -644,11 +646,11 @@ mod tests {
         let (mut tx, mut rx) = pair(2);
         assert!(tx.try_push(&entry(0)).unwrap());
         // Room left: no wait.
-        assert!(!tx.prepare_wait_room().unwrap());
+        assert!(!tx.prepare_wait_room(1).unwrap());
         assert!(tx.try_push(&entry(1)).unwrap());
         assert!(!tx.try_push(&entry(2)).unwrap(), "full");
         assert!(!rx.should_signal_room(), "nobody waits");
-        assert!(tx.prepare_wait_room().unwrap());
+        assert!(tx.prepare_wait_room(1).unwrap());
         rx.try_pop().unwrap();
         assert!(rx.should_signal_room());
         rx.try_pop().unwrap();
@@ -687,7 +689,7 @@ mod tests {
                         rung += 1;
                         let _ = data_tx.send(());
                     }
-                } else if tx.prepare_wait_room().unwrap() {
+                } else if tx.prepare_wait_room(1).unwrap() {
                     waits += 1;
                     room_bell.wait("the producer", n);
                     tx.room_woke();
@@ -836,7 +838,7 @@ mod tests {
                         }
                     },
                     Op::Woke => { rx.woke(); asleep = false; }
-                    Op::WaitRoom => match tx.prepare_wait_room() {
+                    Op::WaitRoom => match tx.prepare_wait_room(1) {
                         Ok(w) => {
                             prop_assert!(indices_touched || w == (expected.len() == 4));
                             if w && !waiting {

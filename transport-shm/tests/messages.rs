@@ -1,0 +1,340 @@
+//! Messages over shared-memory connections through transport-core's traits: sizes inline and
+//! in slots, sleeping and waking, slots lent and returned, close, a peer that goes, a message
+//! above the receiver's limit, and a raw peer that writes what it likes into its ring.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use transport_core::{
+    Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport,
+    TransportError,
+};
+use transport_shm::conn::{ShmConfig, ShmConnection, ShmFailure};
+use transport_shm::connect::connect;
+use transport_shm::ring::{Producer, ENTRY_BYTES};
+use transport_shm::ShmTransport;
+
+/// The bound on every wait: generous, since only a broken test waits that long.
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn bounded<T>(what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not done within {WAIT:?}"))
+}
+
+/// A connected pair (client, server) on a fresh socket path, with each side's settings.
+async fn pair(
+    client: ShmConfig,
+    server: ShmConfig,
+) -> (ShmConnection, ShmConnection, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = dir
+        .path()
+        .join("shm.sock")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut listener = ShmTransport::new(server)
+        .listen(&addr)
+        .await
+        .expect("listen");
+    let (c, s) = bounded(
+        "connect and accept",
+        futures_join(ShmTransport::new(client).connect(&addr), listener.accept()),
+    )
+    .await;
+    (c.expect("connect"), s.expect("accept"), dir)
+}
+
+async fn futures_join<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    tokio::join!(a, b)
+}
+
+fn header(b: &[u8]) -> HeaderBytes {
+    HeaderBytes::new(b).unwrap()
+}
+
+fn pattern(n: usize, seed: u8) -> Bytes {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Settings that never spin: every wait is a sleep on the doorbell.
+fn sleepy(max: usize) -> ShmConfig {
+    ShmConfig {
+        spin: Duration::ZERO,
+        ..ShmConfig::with_max_message_size(max)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_of_every_size_cross_inline_and_in_slots_bit_for_bit() {
+    let (c, s, _dir) = pair(sleepy(64 << 10), sleepy(64 << 10)).await;
+    let inline = c.capabilities().inline_size;
+    let (mut tx, mut rx) = c.split();
+    let (mut stx, mut srx) = s.split();
+    // The server echoes every message back.
+    let echo = tokio::spawn(async move {
+        while let Some(m) = srx.recv().await.expect("server recv") {
+            stx.send(m).await.expect("echo");
+        }
+        stx
+    });
+    let sizes = [
+        0,
+        1,
+        47,
+        48,
+        inline - 1,
+        inline,
+        inline + 1,
+        4096,
+        (64 << 10) - 64,
+    ];
+    for round in 0..3u8 {
+        for (i, &n) in sizes.iter().enumerate() {
+            let h = header(&[round, i as u8, 0xee]);
+            let p = pattern(n, round ^ i as u8);
+            bounded("send", tx.send(Message::new(h, p.clone())))
+                .await
+                .unwrap();
+            let back = bounded("recv", rx.recv()).await.unwrap().expect("the echo");
+            assert_eq!(back.header.as_slice(), h.as_slice(), "size {n}");
+            assert_eq!(back.payload, p, "size {n}");
+        }
+    }
+    tx.close().await.unwrap();
+    let stx = bounded("the echo server's end", echo).await.unwrap();
+    let m = stx.metrics();
+    assert_eq!(m.messages_sent.get(), 3 * sizes.len() as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_sleeps_is_woken_for_every_message_in_order() {
+    let (c, s, _dir) = pair(sleepy(1 << 10), sleepy(1 << 10)).await;
+    let (mut tx, _crx) = c.split();
+    let (_stx, mut srx) = s.split();
+    const N: u32 = 20_000;
+    let sender = tokio::spawn(async move {
+        for i in 0..N {
+            // Bursts and pauses, so that the receiver both finds entries and sleeps.
+            if i % 64 == 0 {
+                tokio::task::yield_now().await;
+            }
+            let p = Bytes::copy_from_slice(&i.to_le_bytes());
+            tx.send(Message::new(HeaderBytes::EMPTY, p))
+                .await
+                .expect("send");
+        }
+        tx
+    });
+    for i in 0..N {
+        let m = bounded("recv", srx.recv())
+            .await
+            .unwrap()
+            .expect("a message");
+        assert_eq!(&m.payload[..], &i.to_le_bytes(), "message {i}");
+    }
+    let tx = bounded("sender", sender).await.unwrap();
+    // Doorbells are rung only for sleeps: far fewer than messages unless every one slept.
+    assert!(tx.metrics().doorbells.get() <= u64::from(N));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_in_slots_are_not_copied_on_receive_and_their_slots_come_back() {
+    let config = || ShmConfig {
+        pool_slots: 2,
+        ..sleepy(8 << 10)
+    };
+    let (c, s, _dir) = pair(config(), config()).await;
+    let (mut tx, _crx) = c.split();
+    let (_stx, mut srx) = s.split();
+    let big = pattern(8 << 10, 7);
+    // Two slots: two payloads held by the receiver take them both.
+    for _ in 0..2 {
+        tx.send(Message::new(HeaderBytes::EMPTY, big.clone()))
+            .await
+            .unwrap();
+    }
+    let held: Vec<Message> = vec![
+        srx.recv().await.unwrap().unwrap(),
+        srx.recv().await.unwrap().unwrap(),
+    ];
+    assert_eq!(
+        srx.metrics().payload_bytes_copied.get(),
+        0,
+        "slot payloads are lent"
+    );
+    // A third waits for a slot while both are held...
+    let third = tokio::spawn(async move {
+        tx.send(Message::new(HeaderBytes::EMPTY, big.clone()))
+            .await
+            .unwrap();
+        tx
+    });
+    let mut third = std::pin::pin!(third);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), &mut third)
+            .await
+            .is_err(),
+        "a send found a slot while the receiver held both"
+    );
+    // ... and goes once the receiver drops one and receives again (which returns it).
+    drop(held);
+    let recv = tokio::spawn(async move {
+        let m = srx.recv().await.unwrap().unwrap();
+        (m, srx)
+    });
+    let _tx = bounded("the third send", third).await.unwrap();
+    let (m, _srx) = bounded("the third message", recv).await.unwrap();
+    assert_eq!(m.payload.len(), 8 << 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_large_messages_pass_through_a_small_pool() {
+    let config = || ShmConfig {
+        pool_slots: 2,
+        ring_entries: 4,
+        ..sleepy(64 << 10)
+    };
+    let (c, s, _dir) = pair(config(), config()).await;
+    let (mut tx, _crx) = c.split();
+    let (_stx, mut srx) = s.split();
+    const N: usize = 500;
+    let sender = tokio::spawn(async move {
+        for i in 0..N {
+            let p = pattern(60 << 10, i as u8);
+            tx.send(Message::new(HeaderBytes::EMPTY, p))
+                .await
+                .expect("send");
+        }
+        tx.close().await.unwrap();
+    });
+    for i in 0..N {
+        let m = bounded("recv", srx.recv())
+            .await
+            .unwrap()
+            .expect("a message");
+        assert_eq!(m.payload, pattern(60 << 10, i as u8), "message {i}");
+    }
+    assert!(bounded("the end", srx.recv()).await.unwrap().is_none());
+    bounded("sender", sender).await.unwrap();
+}
+
+#[tokio::test]
+async fn close_is_a_clean_end_and_sending_after_it_fails() {
+    let (c, s, _dir) = pair(ShmConfig::default(), ShmConfig::default()).await;
+    let (mut tx, _crx) = c.split();
+    let (_stx, mut srx) = s.split();
+    tx.send(Message::new(header(b"last"), Bytes::new()))
+        .await
+        .unwrap();
+    tx.close().await.unwrap();
+    let e = tx
+        .send(Message::new(header(b"late"), Bytes::new()))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, TransportError::Closed), "{e}");
+    let m = bounded("recv", srx.recv()).await.unwrap().unwrap();
+    assert_eq!(m.header.as_slice(), b"last");
+    assert!(bounded("the end", srx.recv()).await.unwrap().is_none());
+    assert!(srx.recv().await.unwrap().is_none(), "the end stays");
+}
+
+#[tokio::test]
+async fn a_dropped_connection_ends_cleanly_and_one_gone_without_close_is_an_error() {
+    // Dropped: the sender closes on its way out.
+    let (c, s, _dir) = pair(ShmConfig::default(), ShmConfig::default()).await;
+    let (_stx, mut srx) = s.split();
+    drop(c);
+    assert!(bounded("the end", srx.recv()).await.unwrap().is_none());
+
+    // Gone without a close: a peer that set up and then went (as a killed process would).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shm.sock");
+    let addr = path.to_str().unwrap().parse().unwrap();
+    let config = ShmConfig::default();
+    let mut listener = ShmTransport::new(config.clone())
+        .listen(&addr)
+        .await
+        .unwrap();
+    let (raw, s) = tokio::join!(
+        connect(&path, config.hello(), &config.limits),
+        listener.accept()
+    );
+    let (_stx, mut srx) = s.unwrap().split();
+    drop(raw.unwrap());
+    let e = bounded("recv", srx.recv()).await.unwrap_err();
+    let gone = e
+        .backend_error::<ShmFailure>()
+        .is_some_and(|f| matches!(f, ShmFailure::PeerGone));
+    assert!(gone, "{e}");
+}
+
+#[tokio::test]
+async fn a_message_above_the_receivers_limit_is_skipped_and_the_next_arrives() {
+    let (c, s, _dir) = pair(
+        ShmConfig::with_max_message_size(64 << 10),
+        ShmConfig::with_max_message_size(4 << 10),
+    )
+    .await;
+    let (mut tx, _crx) = c.split();
+    let (_stx, mut srx) = s.split();
+    // More than the pool's slots, so a skipped message's slot must come back.
+    for _ in 0..10 {
+        tx.send(Message::new(header(b"big"), pattern(32 << 10, 1)))
+            .await
+            .unwrap();
+        let e = bounded("recv", srx.recv()).await.unwrap_err();
+        match e {
+            TransportError::MessageTooLarge { len, max, header } => {
+                assert_eq!((len, max), (3 + (32 << 10), 4 << 10));
+                assert_eq!(header.as_slice(), b"big");
+            }
+            other => panic!("{other}"),
+        }
+    }
+    tx.send(Message::new(header(b"small"), pattern(100, 2)))
+        .await
+        .unwrap();
+    let m = bounded("recv", srx.recv()).await.unwrap().unwrap();
+    assert_eq!(m.payload, pattern(100, 2));
+}
+
+#[tokio::test]
+async fn a_raw_peer_writing_garbage_entries_gets_a_typed_failure_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shm.sock");
+    let addr = path.to_str().unwrap().parse().unwrap();
+    let config = ShmConfig::default();
+    let mut listener = ShmTransport::new(config.clone())
+        .listen(&addr)
+        .await
+        .unwrap();
+    let (raw, s) = tokio::join!(
+        connect(&path, config.hello(), &config.limits),
+        listener.accept()
+    );
+    let (_stx, mut srx) = s.unwrap().split();
+    let raw = raw.unwrap().established;
+    let parts = raw.my_layout.parts(&raw.mine).unwrap();
+    let mut ring = Producer::new(parts.data, raw.my_layout.data()).unwrap();
+    // An entry of an unknown kind, then the doorbell (the receiver may be asleep).
+    assert!(ring.try_push(&[0xff; ENTRY_BYTES]).unwrap());
+    use std::io::Write;
+    let mut sock = raw.stream.into_std().unwrap();
+    sock.set_nonblocking(false).unwrap();
+    sock.write_all(b"D").unwrap();
+    let e = bounded("recv", srx.recv()).await.unwrap_err();
+    let typed = e
+        .backend_error::<ShmFailure>()
+        .is_some_and(|f| matches!(f, ShmFailure::Msg(_)));
+    assert!(typed, "{e}");
+    // The failure sticks.
+    let again = srx.recv().await.unwrap_err();
+    assert_eq!(again.to_string(), e.to_string());
+}
