@@ -38,6 +38,9 @@ pub(crate) enum TransportName {
     Uds,
     Tcp,
     Verbs,
+    /// Shared memory (transport-shm), set up over a Unix socket; its OS baseline is the Unix
+    /// socket's.
+    Shm,
 }
 
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {

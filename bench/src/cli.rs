@@ -174,7 +174,7 @@ pub(crate) struct RunArgs {
     #[arg(long, value_enum, default_value_t = RawTwoway::Stream)]
     pub(crate) raw_twoway: RawTwoway,
     /// Transports to measure (local mode).
-    #[arg(long, value_delimiter = ',', value_enum, default_values_t = [TransportName::Uds, TransportName::Tcp, TransportName::Verbs])]
+    #[arg(long, value_delimiter = ',', value_enum, default_values_t = [TransportName::Uds, TransportName::Shm, TransportName::Tcp, TransportName::Verbs])]
     pub(crate) transports: Vec<TransportName>,
     /// Print the report as JSON on stdout instead of tables.
     #[arg(long)]
@@ -234,7 +234,12 @@ pub(crate) struct ServerArgs {
 impl RunArgs {
     /// `--transports` when not given.
     pub(crate) fn default_transports() -> Vec<TransportName> {
-        vec![TransportName::Uds, TransportName::Tcp, TransportName::Verbs]
+        vec![
+            TransportName::Uds,
+            TransportName::Shm,
+            TransportName::Tcp,
+            TransportName::Verbs,
+        ]
     }
 
     /// `--spin-us`.

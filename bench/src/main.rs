@@ -98,6 +98,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use suite::{OsBaseline, Settings};
 use transport_core::{Listener, Transport};
+use transport_shm::conn::ShmConfig;
+use transport_shm::ShmTransport;
 use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
 use transport_verbs::VerbsTransport;
@@ -297,6 +299,18 @@ fn local(args: &RunArgs) -> Result<(), String> {
                 let os = os::Target::Uds(dir.path().join("os.sock"));
                 let blocking = os::Target::Uds(dir.path().join("rpc-blocking.sock"));
                 let r = run_local(UdsTransport::default(), UdsAddr(path), os, blocking, &run);
+                drop(dir);
+                transports.push(r?);
+            }
+            TransportName::Shm => {
+                // The OS baseline is the Unix socket's: what shared memory is there to beat.
+                let (dir, path) = local_socket()?;
+                let os = os::Target::Uds(dir.path().join("os.sock"));
+                let blocking = os::Target::Uds(dir.path().join("rpc-blocking.sock"));
+                let shm = ShmTransport::new(ShmConfig::with_max_message_size(
+                    proto::MAX_PAYLOAD + transport_core::MAX_HEADER_LEN,
+                ));
+                let r = run_local(shm, UdsAddr(path), os, blocking, &run);
                 drop(dir);
                 transports.push(r?);
             }

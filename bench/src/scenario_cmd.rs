@@ -34,6 +34,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use transport_core::rpc::{RpcServer, ServerConfig};
 use transport_core::Transport;
+use transport_shm::conn::ShmConfig;
+use transport_shm::ShmTransport;
 use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
 use transport_verbs::{VerbsConfig, VerbsTransport};
@@ -294,6 +296,35 @@ pub fn run(args: &ScenarioArgs) -> Result<(), String> {
                     let at = spawn_echo_server(uds.clone(), UdsAddr(path), place.server_core)?;
                     let uri = format!("unix:{}", at.0.display());
                     c_abi.push(compare_c_abi("uds", &uds, &at, &uri, args, &progress)?);
+                }
+                drop(dir);
+            }
+            TransportName::Shm => {
+                let (dir, path) = crate::local::local_socket()?;
+                let shm = ShmTransport::new(ShmConfig::with_max_message_size(
+                    crate::proto::MAX_PAYLOAD + transport_core::MAX_HEADER_LEN,
+                ));
+                let addr = spawn_server(shm.clone(), UdsAddr(path), place.server_core)?;
+                rows.extend(rt.block_on(run_on(&shm, &addr, "shm", &scenarios, args, &progress))?);
+                if fw {
+                    let n = std::sync::atomic::AtomicU32::new(0);
+                    let addr = || {
+                        let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        UdsAddr(dir.path().join(format!("fw-{i}.sock")))
+                    };
+                    framework.push(rt.block_on(compare_frameworks(
+                        "shm",
+                        shm.clone(),
+                        addr,
+                        args,
+                        &progress,
+                    ))?);
+                }
+                if c {
+                    unavailable.push(Unavailable {
+                        transport: "shm".into(),
+                        reason: "c-abi: the C ABI does not open shared-memory URIs yet".into(),
+                    });
                 }
                 drop(dir);
             }

@@ -43,7 +43,7 @@ use tokio::net::UnixStream;
 use tokio::sync::Notify;
 use transport_core::{
     BackendError, Capabilities, Connection, HeaderBytes, Message, MessageReceiver, MessageSender,
-    Metrics, TransportError, MAX_HEADER_LEN,
+    Metrics, TransportError, TryRecv, MAX_HEADER_LEN,
 };
 
 use crate::msg::{
@@ -283,26 +283,78 @@ impl Bell {
     }
 }
 
-/// Spins on `ready` for at most `budget` (zero when this process has one CPU): whether it
-/// became true.
-fn spin_until(
+/// Spins in a row that ran out before a half stops spinning (it then sleeps at once, but for
+/// a probe every [`PROBE_EVERY`] waits).
+const MISSES_BEFORE_SLEEPING: u32 = 4;
+/// Every this many waits, a half that stopped spinning spins once more, to see whether the
+/// peer now answers within the budget (it moved to another CPU, the load changed).
+const PROBE_EVERY: u32 = 64;
+
+/// How a half spins before it sleeps, learnt from how its spins ended: a spin pays only when
+/// the peer runs meanwhile on another CPU. Where it cannot (both on one CPU, whatever the
+/// process may use), every spin runs out, and after a few the half sleeps at once.
+#[derive(Debug)]
+struct Spin {
     budget: Duration,
-    mut ready: impl FnMut() -> Result<bool, TransportError>,
-) -> Result<bool, TransportError> {
-    if budget.is_zero() {
-        return Ok(false);
+    misses: u32,
+    waits: u32,
+}
+
+impl Spin {
+    fn new(budget: Duration) -> Spin {
+        Spin {
+            budget,
+            misses: 0,
+            waits: 0,
+        }
     }
-    let end = Instant::now() + budget;
-    loop {
-        for _ in 0..64 {
-            if ready()? {
-                return Ok(true);
-            }
-            std::hint::spin_loop();
+
+    /// The spinning of a wait that begins now.
+    fn begin(&mut self) -> Spinning {
+        self.waits = self.waits.wrapping_add(1);
+        let skip = self.misses >= MISSES_BEFORE_SLEEPING && self.waits % PROBE_EVERY != 0;
+        Spinning {
+            budget: if skip { Duration::ZERO } else { self.budget },
+            from: None,
+            spun: false,
+            ended: false,
         }
-        if Instant::now() >= end {
-            return Ok(false);
+    }
+
+    /// How the wait `w` ended: `found` while spinning (a hit), or it is going to sleep.
+    fn end(&mut self, w: &mut Spinning, found: bool) {
+        if w.ended || !w.spun {
+            return;
         }
+        w.ended = true;
+        if found {
+            self.misses = 0;
+        } else {
+            self.misses = self.misses.saturating_add(1);
+        }
+    }
+}
+
+/// One wait's spinning ([`Spin::begin`]).
+#[derive(Debug)]
+struct Spinning {
+    budget: Duration,
+    from: Option<Instant>,
+    spun: bool,
+    ended: bool,
+}
+
+impl Spinning {
+    /// Whether to look again after a turn of the runtime (each turn yields, so other tasks,
+    /// an RPC server writing its replies, run between looks) rather than sleep.
+    fn go_on(&mut self) -> bool {
+        if self.budget.is_zero() || self.ended {
+            return false;
+        }
+        let now = Instant::now();
+        let on = now.duration_since(*self.from.get_or_insert(now)) < self.budget;
+        self.spun |= on;
+        on
     }
 }
 
@@ -333,6 +385,10 @@ impl ShmConnection {
         let ring = |e: RingError| setup(SetupError::Ring(e));
         let pool = |e: PoolError| setup(SetupError::Pool(e));
         let metrics = Arc::new(Metrics::default());
+        let spin = transport_core::spin::useful_budget(
+            config.spin,
+            transport_core::spin::available_cpus(),
+        );
         let bell = Arc::new(Bell {
             sock: est.stream,
             data: Notify::new(),
@@ -359,10 +415,7 @@ impl ShmConnection {
             max_message_size: config
                 .max_message_size
                 .min(MAX_HEADER_LEN + mine.pool().slot_bytes()),
-            spin: transport_core::spin::useful_budget(
-                config.spin,
-                transport_core::spin::available_cpus(),
-            ),
+            spin: Spin::new(spin),
             state: SendState::Open,
             metrics: metrics.clone(),
         };
@@ -379,7 +432,7 @@ impl ShmConnection {
             back: [SlotId::new(0); RETURNS_PER_ENTRY],
             bell,
             max_message_size: config.max_message_size,
-            spin: sender.spin,
+            spin: Spin::new(spin),
             done: None,
             metrics: metrics.clone(),
         };
@@ -433,7 +486,7 @@ pub struct ShmSender {
     entries: Box<[Entry]>,
     bell: Arc<Bell>,
     max_message_size: usize,
-    spin: Duration,
+    spin: Spin,
     state: SendState,
     metrics: Arc<Metrics>,
 }
@@ -546,21 +599,20 @@ impl ShmSender {
     /// Waits until `need` entries (and a slot, when `slot`) are free: spins first, then
     /// sleeps on the doorbell. Cancel safe: nothing is written while it waits.
     async fn wait_ready(&mut self, need: usize, slot: bool) -> Result<(), TransportError> {
-        let mut spun = false;
+        let mut w = self.spin.begin();
         loop {
             if self.ready(need, slot)? {
+                self.spin.end(&mut w, true);
                 return Ok(());
             }
             if self.bell.gone() {
                 return Err(self.fail(ShmFailure::PeerGone));
             }
-            if !spun {
-                spun = true;
-                let budget = self.spin;
-                if spin_until(budget, || self.ready(need, slot))? {
-                    return Ok(());
-                }
+            if w.go_on() {
+                tokio::task::yield_now().await;
+                continue;
             }
+            self.spin.end(&mut w, false);
             // Sleep on what is missing: room on the data ring, or slots back (room may have
             // come since the look above: then nothing is missing, look again).
             let room_missing = match self.data.room() {
@@ -692,7 +744,7 @@ pub struct ShmReceiver {
     back: [SlotId; RETURNS_PER_ENTRY],
     bell: Arc<Bell>,
     max_message_size: usize,
-    spin: Duration,
+    spin: Spin,
     /// The end (`Ok`) or the failure, once seen: every later `recv` answers it.
     done: Option<Result<(), Arc<TransportError>>>,
     metrics: Arc<Metrics>,
@@ -810,12 +862,15 @@ impl MessageReceiver for ShmReceiver {
             Some(Err(e)) => return Err(TransportError::Failed(e.clone())),
             None => {}
         }
-        let mut spun = false;
+        let mut w: Option<Spinning> = None;
         loop {
             // Read before the look: entries the peer pushed before it went are still taken.
             let gone = self.bell.gone();
             let found = self.look()?;
             if let Some(r) = self.outcome(found) {
+                if let Some(w) = &mut w {
+                    self.spin.end(w, true);
+                }
                 return r;
             }
             if gone {
@@ -831,18 +886,14 @@ impl MessageReceiver for ShmReceiver {
                 self.done = Some(Err(e.clone()));
                 return Err(TransportError::Failed(e));
             }
-            if !spun {
-                spun = true;
-                let budget = self.spin;
-                let mut found = Found::Nothing;
-                spin_until(budget, || {
-                    found = self.look()?;
-                    Ok(!matches!(found, Found::Nothing))
-                })?;
-                if let Some(r) = self.outcome(found) {
-                    return r;
-                }
+            // The first look found nothing: this is a wait (a `recv` that finds its message at
+            // once is not one, and teaches the spin nothing).
+            let w = w.get_or_insert_with(|| self.spin.begin());
+            if w.go_on() {
+                tokio::task::yield_now().await;
+                continue;
             }
+            self.spin.end(w, false);
             match self.data.prepare_sleep() {
                 Ok(true) => self.bell.wait(&self.bell.data).await,
                 Ok(false) => {}
@@ -852,7 +903,75 @@ impl MessageReceiver for ShmReceiver {
         }
     }
 
+    /// One look at the ring (returns sent, the next whole message taken if it is there).
+    fn try_recv(&mut self) -> TryRecv {
+        match &self.done {
+            Some(Ok(())) => return TryRecv::Ready(Ok(None)),
+            Some(Err(e)) => return TryRecv::Ready(Err(TransportError::Failed(e.clone()))),
+            None => {}
+        }
+        let gone = self.bell.gone();
+        match self.look() {
+            Ok(found) => match self.outcome(found) {
+                Some(r) => TryRecv::Ready(r),
+                // `recv` tells how the peer went.
+                None if gone => TryRecv::Unknown,
+                None => TryRecv::Empty,
+            },
+            Err(e) => TryRecv::Ready(Err(e)),
+        }
+    }
+
     fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wait that spins until its budget runs out, as on one CPU where the peer cannot run.
+    fn miss(spin: &mut Spin) -> bool {
+        let mut w = spin.begin();
+        let spun = w.budget > Duration::ZERO;
+        w.from = Some(Instant::now() - w.budget);
+        w.spun = spun;
+        assert!(!w.go_on(), "the budget ran out");
+        spin.end(&mut w, false);
+        spun
+    }
+
+    #[test]
+    fn a_half_whose_spins_run_out_sleeps_at_once_but_probes_now_and_then() {
+        let mut spin = Spin::new(Duration::from_micros(50));
+        for i in 0..MISSES_BEFORE_SLEEPING {
+            assert!(miss(&mut spin), "wait {i} still spins");
+        }
+        let spun: Vec<bool> = (0..2 * PROBE_EVERY).map(|_| miss(&mut spin)).collect();
+        let probes = spun.iter().filter(|s| **s).count();
+        assert_eq!(probes, 2, "one probe per {PROBE_EVERY} waits");
+        // A probe that finds the peer answering brings the spinning back.
+        while spin.waits % PROBE_EVERY != PROBE_EVERY - 1 {
+            miss(&mut spin);
+        }
+        let mut w = spin.begin();
+        assert!(w.go_on(), "the probe spins");
+        spin.end(&mut w, true);
+        assert!(
+            spin.begin().budget > Duration::ZERO,
+            "spinning again after a hit"
+        );
+    }
+
+    #[test]
+    fn a_zero_budget_never_spins_and_learns_nothing() {
+        let mut spin = Spin::new(Duration::ZERO);
+        for _ in 0..10 {
+            let mut w = spin.begin();
+            assert!(!w.go_on());
+            spin.end(&mut w, false);
+        }
+        assert_eq!(spin.misses, 0);
     }
 }
