@@ -93,6 +93,10 @@ pub struct ShmConfig {
     /// How long a half with nothing to do polls its ring before it sleeps, when this process
     /// may use more than one CPU (default 50 µs; zero never spins).
     pub spin: Duration,
+    /// How long a message the peer began to write may go without its next entry before the
+    /// receiver fails with [`TransportError::Stalled`] (default 30 s, as the socket backends;
+    /// `None`: no limit). Needs tokio's time driver.
+    pub frame_timeout: Option<Duration>,
     /// What this side accepts from the peer in the set-up.
     pub limits: Limits,
 }
@@ -129,6 +133,7 @@ impl ShmConfig {
             inline_limit: 1024,
             max_message_size,
             spin: Duration::from_micros(50),
+            frame_timeout: Some(transport_core::stream::DEFAULT_FRAME_TIMEOUT),
             limits,
         }
     }
@@ -433,6 +438,8 @@ impl ShmConnection {
             bell,
             max_message_size: config.max_message_size,
             spin: Spin::new(spin),
+            frame_timeout: config.frame_timeout,
+            stall: None,
             done: None,
             metrics: metrics.clone(),
         };
@@ -745,6 +752,10 @@ pub struct ShmReceiver {
     bell: Arc<Bell>,
     max_message_size: usize,
     spin: Spin,
+    frame_timeout: Option<Duration>,
+    /// While a message is half there: the entries popped when it last made progress, and
+    /// since when.
+    stall: Option<(u64, Instant)>,
     /// The end (`Ok`) or the failure, once seen: every later `recv` answers it.
     done: Option<Result<(), Arc<TransportError>>>,
     metrics: Arc<Metrics>,
@@ -842,6 +853,31 @@ impl ShmReceiver {
         }
     }
 
+    /// With a message half there: how long it may still go without progress (its entries
+    /// popped so far unchanged), or [`TransportError::Stalled`] once `limit` has passed.
+    fn stall_left(&mut self, limit: Duration) -> Result<Duration, TransportError> {
+        let popped = self.data.popped();
+        let now = Instant::now();
+        let since = match self.stall {
+            Some((p, at)) if p == popped => at,
+            _ => {
+                self.stall = Some((popped, now));
+                now
+            }
+        };
+        let left = limit.saturating_sub(now.duration_since(since));
+        if left.is_zero() {
+            let e = Arc::new(TransportError::Stalled {
+                received: 0,
+                expected: 0,
+                after: limit,
+            });
+            self.done = Some(Err(e.clone()));
+            return Err(TransportError::Failed(e));
+        }
+        Ok(left)
+    }
+
     fn outcome(&mut self, found: Found) -> Option<Result<Option<Message>, TransportError>> {
         match found {
             Found::Msg(m) => Some(Ok(Some(m))),
@@ -894,8 +930,21 @@ impl MessageReceiver for ShmReceiver {
                 continue;
             }
             self.spin.end(w, false);
+            let limit = match self.frame_timeout {
+                Some(t) if self.dec.in_message() => Some(self.stall_left(t)?),
+                _ => {
+                    self.stall = None;
+                    None
+                }
+            };
             match self.data.prepare_sleep() {
-                Ok(true) => self.bell.wait(&self.bell.data).await,
+                Ok(true) => match limit {
+                    // Woken or not, the next turn looks (and fails if the time is up).
+                    Some(left) => {
+                        let _ = tokio::time::timeout(left, self.bell.wait(&self.bell.data)).await;
+                    }
+                    None => self.bell.wait(&self.bell.data).await,
+                },
                 Ok(false) => {}
                 Err(e) => return Err(self.fail(e.into())),
             }

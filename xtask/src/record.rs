@@ -23,7 +23,7 @@ pub const COMMON: &[&str] = &[
 /// repeatable placement), enough bytes and pings for steady medians.
 pub const HOST: &[&str] = &[
     "--transports",
-    "uds,tcp,verbs",
+    "uds,shm,tcp,verbs",
     "--pin",
     "same",
     "--bytes",
