@@ -288,19 +288,32 @@ impl Bell {
     }
 }
 
-/// Spins in a row that ran out before a half stops spinning (it then sleeps at once, but for
+/// Spins in a row that ran out before a half changes how it waits: from looking between
+/// turns of the runtime to also yielding its thread, and from that to sleeping at once (but for
 /// a probe every [`PROBE_EVERY`] waits).
 const MISSES_BEFORE_SLEEPING: u32 = 4;
 /// Every this many waits, a half that stopped spinning spins once more, to see whether the
 /// peer now answers within the budget (it moved to another CPU, the load changed).
 const PROBE_EVERY: u32 = 64;
 
-/// How a half spins before it sleeps, learnt from how its spins ended: a spin pays only when
-/// the peer runs meanwhile on another CPU. Where it cannot (both on one CPU, whatever the
-/// process may use), every spin runs out, and after a few the half sleeps at once.
+/// How a half waits before it sleeps ([`Spin`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Looks between turns of the runtime: pays when the peer runs on another CPU.
+    Turns,
+    /// Also yields its thread (`sched_yield`) between looks: pays when the peer shares this
+    /// CPU and is runnable (a ping-pong on one CPU then goes back and forth without a system
+    /// call to wake either side).
+    Yields,
+    /// Sleeps at once: neither paid.
+    Sleeps,
+}
+
+/// How a half waits before it sleeps, learnt from how its waits ended.
 #[derive(Debug)]
 struct Spin {
     budget: Duration,
+    mode: Mode,
     misses: u32,
     waits: u32,
 }
@@ -309,6 +322,7 @@ impl Spin {
     fn new(budget: Duration) -> Spin {
         Spin {
             budget,
+            mode: Mode::Turns,
             misses: 0,
             waits: 0,
         }
@@ -317,9 +331,20 @@ impl Spin {
     /// The spinning of a wait that begins now.
     fn begin(&mut self) -> Spinning {
         self.waits = self.waits.wrapping_add(1);
-        let skip = self.misses >= MISSES_BEFORE_SLEEPING && self.waits % PROBE_EVERY != 0;
+        // Now and then a half that yields or sleeps tries looking between turns again: the peer
+        // may have moved to another CPU, or the quiet that taught it may be over.
+        let probe = self.mode != Mode::Turns && self.waits % PROBE_EVERY == 0;
+        let mode = if probe { Mode::Turns } else { self.mode };
         Spinning {
-            budget: if skip { Duration::ZERO } else { self.budget },
+            // A probe only needs to see whether the peer answers at once: a fifth of the
+            // budget, so that probing costs a half that cannot gain from it little.
+            budget: match mode {
+                Mode::Sleeps => Duration::ZERO,
+                _ if probe => self.budget / 5,
+                _ => self.budget,
+            },
+            mode,
+            probe,
             from: None,
             spun: false,
             ended: false,
@@ -333,9 +358,21 @@ impl Spin {
         }
         w.ended = true;
         if found {
+            // What paid is kept (a probe that hit goes back to looking between turns).
+            self.mode = w.mode;
             self.misses = 0;
-        } else {
-            self.misses = self.misses.saturating_add(1);
+            return;
+        }
+        if w.probe {
+            return; // the mode stays what it was
+        }
+        self.misses = self.misses.saturating_add(1);
+        if self.misses >= MISSES_BEFORE_SLEEPING {
+            self.misses = 0;
+            self.mode = match w.mode {
+                Mode::Turns => Mode::Yields,
+                Mode::Yields | Mode::Sleeps => Mode::Sleeps,
+            };
         }
     }
 }
@@ -344,6 +381,9 @@ impl Spin {
 #[derive(Debug)]
 struct Spinning {
     budget: Duration,
+    mode: Mode,
+    /// A probe of [`Mode::Turns`] by a half that yields or sleeps.
+    probe: bool,
     from: Option<Instant>,
     spun: bool,
     ended: bool,
@@ -351,7 +391,8 @@ struct Spinning {
 
 impl Spinning {
     /// Whether to look again after a turn of the runtime (each turn yields, so other tasks,
-    /// an RPC server writing its replies, run between looks) rather than sleep.
+    /// an RPC server writing its replies, run between looks; in [`Mode::Yields`] the thread
+    /// yields first) rather than sleep.
     fn go_on(&mut self) -> bool {
         if self.budget.is_zero() || self.ended {
             return false;
@@ -359,6 +400,9 @@ impl Spinning {
         let now = Instant::now();
         let on = now.duration_since(*self.from.get_or_insert(now)) < self.budget;
         self.spun |= on;
+        if on && self.mode == Mode::Yields {
+            std::thread::yield_now();
+        }
         on
     }
 }
@@ -992,11 +1036,18 @@ mod tests {
     }
 
     #[test]
-    fn a_half_whose_spins_run_out_sleeps_at_once_but_probes_now_and_then() {
+    fn a_half_whose_spins_run_out_yields_its_thread_then_sleeps_at_once_but_probes() {
         let mut spin = Spin::new(Duration::from_micros(50));
         for i in 0..MISSES_BEFORE_SLEEPING {
-            assert!(miss(&mut spin), "wait {i} still spins");
+            assert_eq!(spin.mode, Mode::Turns, "wait {i}");
+            assert!(miss(&mut spin));
         }
+        // Looking between turns did not pay: the thread yields too.
+        for i in 0..MISSES_BEFORE_SLEEPING {
+            assert_eq!(spin.mode, Mode::Yields, "wait {i}");
+            assert!(miss(&mut spin));
+        }
+        assert_eq!(spin.mode, Mode::Sleeps);
         let spun: Vec<bool> = (0..2 * PROBE_EVERY).map(|_| miss(&mut spin)).collect();
         let probes = spun.iter().filter(|s| **s).count();
         assert_eq!(probes, 2, "one probe per {PROBE_EVERY} waits");
@@ -1007,10 +1058,42 @@ mod tests {
         let mut w = spin.begin();
         assert!(w.go_on(), "the probe spins");
         spin.end(&mut w, true);
+        assert_eq!(spin.mode, Mode::Turns);
         assert!(
             spin.begin().budget > Duration::ZERO,
             "spinning again after a hit"
         );
+    }
+
+    #[test]
+    fn a_hit_while_yielding_keeps_yielding_until_a_probe_of_turns_hits() {
+        let mut spin = Spin::new(Duration::from_micros(50));
+        for _ in 0..MISSES_BEFORE_SLEEPING {
+            miss(&mut spin);
+        }
+        let hit = |spin: &mut Spin| {
+            let mut w = spin.begin();
+            assert!(w.go_on());
+            spin.end(&mut w, true);
+            w.mode
+        };
+        // Hits while yielding keep it yielding, up to the probe.
+        while spin.waits % PROBE_EVERY != PROBE_EVERY - 1 {
+            assert_eq!(hit(&mut spin), Mode::Yields);
+            assert_eq!(spin.mode, Mode::Yields);
+        }
+        // A probe of turns that misses changes nothing; one that hits goes back to turns.
+        let mut w = spin.begin();
+        assert_eq!(w.mode, Mode::Turns);
+        w.from = Some(Instant::now() - w.budget);
+        w.spun = true;
+        spin.end(&mut w, false);
+        assert_eq!((spin.mode, spin.misses), (Mode::Yields, 0));
+        while spin.waits % PROBE_EVERY != PROBE_EVERY - 1 {
+            hit(&mut spin);
+        }
+        assert_eq!(hit(&mut spin), Mode::Turns);
+        assert_eq!(spin.mode, Mode::Turns);
     }
 
     #[test]
