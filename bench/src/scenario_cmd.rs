@@ -278,15 +278,10 @@ pub fn run(args: &ScenarioArgs) -> Result<(), String> {
                 let addr = spawn_server(uds.clone(), UdsAddr(path), place.server_core)?;
                 rows.extend(rt.block_on(run_on(&uds, &addr, "uds", &scenarios, args, &progress))?);
                 if fw {
-                    let n = std::sync::atomic::AtomicU32::new(0);
-                    let addr = || {
-                        let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        UdsAddr(dir.path().join(format!("fw-{i}.sock")))
-                    };
                     framework.push(rt.block_on(compare_frameworks(
                         "uds",
                         uds.clone(),
-                        addr,
+                        socket_paths(dir.path()),
                         args,
                         &progress,
                     ))?);
@@ -307,15 +302,10 @@ pub fn run(args: &ScenarioArgs) -> Result<(), String> {
                 let addr = spawn_server(shm.clone(), UdsAddr(path), place.server_core)?;
                 rows.extend(rt.block_on(run_on(&shm, &addr, "shm", &scenarios, args, &progress))?);
                 if fw {
-                    let n = std::sync::atomic::AtomicU32::new(0);
-                    let addr = || {
-                        let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        UdsAddr(dir.path().join(format!("fw-{i}.sock")))
-                    };
                     framework.push(rt.block_on(compare_frameworks(
                         "shm",
                         shm.clone(),
-                        addr,
+                        socket_paths(dir.path()),
                         args,
                         &progress,
                     ))?);
@@ -1267,6 +1257,16 @@ fn plot_row(r: &ScenarioReport, scenario: ScenarioName) -> Option<Vec<Panel>> {
         .iter()
         .any(|p| !p.series.is_empty())
         .then_some(panels)
+}
+
+/// A fresh socket path in `dir` at each call (`fw-0.sock`, `fw-1.sock`, ...): the framework
+/// comparison's listeners on uds and shm.
+fn socket_paths(dir: &Path) -> impl Fn() -> UdsAddr + '_ {
+    let n = std::sync::atomic::AtomicU32::new(0);
+    move || {
+        let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        UdsAddr(dir.join(format!("fw-{i}.sock")))
+    }
 }
 
 #[cfg(test)]

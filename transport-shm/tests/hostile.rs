@@ -103,6 +103,25 @@ fn shm_failure(e: &TransportError) -> Option<&ShmFailure> {
 }
 
 #[tokio::test]
+async fn a_peer_gone_without_a_close_is_peer_gone() {
+    let (raw, mut rx, _dir) = raw_peer(ShmConfig::default()).await;
+    drop(raw); // as a killed process: its socket closes, no close entry
+    let e = bounded("recv", rx.recv()).await.unwrap_err();
+    assert!(matches!(shm_failure(&e), Some(ShmFailure::PeerGone)), "{e}");
+}
+
+#[tokio::test]
+async fn an_entry_of_an_unknown_kind_is_a_typed_failure_that_sticks() {
+    let (mut raw, mut rx, _dir) = raw_peer(ShmConfig::default()).await;
+    raw.push(&[0xff; ENTRY_BYTES]);
+    raw.ring_doorbell();
+    let e = bounded("recv", rx.recv()).await.unwrap_err();
+    assert!(matches!(shm_failure(&e), Some(ShmFailure::Msg(_))), "{e}");
+    let again = rx.recv().await.unwrap_err();
+    assert_eq!(again.to_string(), e.to_string());
+}
+
+#[tokio::test]
 async fn a_tail_pushed_past_the_ring_is_a_typed_ring_failure() {
     let (mut raw, mut rx, _dir) = raw_peer(ShmConfig::default()).await;
     let parts = raw.layout.parts(&raw.mine).unwrap();

@@ -1,6 +1,6 @@
 //! Messages over shared-memory connections through transport-core's traits: sizes inline and
 //! in slots, sleeping and waking, slots lent and returned, close, a peer that goes, a message
-//! above the receiver's limit, and a raw peer that writes what it likes into its ring.
+//! above the receiver's limit (a raw peer that writes what it likes: tests/hostile.rs).
 
 use std::future::Future;
 use std::time::Duration;
@@ -10,9 +10,7 @@ use transport_core::{
     Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport,
     TransportError,
 };
-use transport_shm::conn::{ShmConfig, ShmConnection, ShmFailure};
-use transport_shm::connect::connect;
-use transport_shm::ring::{Producer, ENTRY_BYTES};
+use transport_shm::conn::{ShmConfig, ShmConnection};
 use transport_shm::ShmTransport;
 
 /// The bound on every wait: generous, since only a broken test waits that long.
@@ -246,33 +244,12 @@ async fn close_is_a_clean_end_and_sending_after_it_fails() {
 }
 
 #[tokio::test]
-async fn a_dropped_connection_ends_cleanly_and_one_gone_without_close_is_an_error() {
-    // Dropped: the sender closes on its way out.
+async fn a_dropped_connection_ends_cleanly() {
+    // Dropped: the sender closes on its way out (one gone without a close: tests/hostile.rs).
     let (c, s, _dir) = pair(ShmConfig::default(), ShmConfig::default()).await;
     let (_stx, mut srx) = s.split();
     drop(c);
     assert!(bounded("the end", srx.recv()).await.unwrap().is_none());
-
-    // Gone without a close: a peer that set up and then went (as a killed process would).
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("shm.sock");
-    let addr = path.to_str().unwrap().parse().unwrap();
-    let config = ShmConfig::default();
-    let mut listener = ShmTransport::new(config.clone())
-        .listen(&addr)
-        .await
-        .unwrap();
-    let (raw, s) = tokio::join!(
-        connect(&path, config.hello(), &config.limits),
-        listener.accept()
-    );
-    let (_stx, mut srx) = s.unwrap().split();
-    drop(raw.unwrap());
-    let e = bounded("recv", srx.recv()).await.unwrap_err();
-    let gone = e
-        .backend_error::<ShmFailure>()
-        .is_some_and(|f| matches!(f, ShmFailure::PeerGone));
-    assert!(gone, "{e}");
 }
 
 #[tokio::test]
@@ -303,38 +280,4 @@ async fn a_message_above_the_receivers_limit_is_skipped_and_the_next_arrives() {
         .unwrap();
     let m = bounded("recv", srx.recv()).await.unwrap().unwrap();
     assert_eq!(m.payload, pattern(100, 2));
-}
-
-#[tokio::test]
-async fn a_raw_peer_writing_garbage_entries_gets_a_typed_failure_not_a_panic() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("shm.sock");
-    let addr = path.to_str().unwrap().parse().unwrap();
-    let config = ShmConfig::default();
-    let mut listener = ShmTransport::new(config.clone())
-        .listen(&addr)
-        .await
-        .unwrap();
-    let (raw, s) = tokio::join!(
-        connect(&path, config.hello(), &config.limits),
-        listener.accept()
-    );
-    let (_stx, mut srx) = s.unwrap().split();
-    let raw = raw.unwrap().established;
-    let parts = raw.my_layout.parts(&raw.mine).unwrap();
-    let mut ring = Producer::new(parts.data, raw.my_layout.data()).unwrap();
-    // An entry of an unknown kind, then the doorbell (the receiver may be asleep).
-    assert!(ring.try_push(&[0xff; ENTRY_BYTES]).unwrap());
-    use std::io::Write;
-    let mut sock = raw.stream.into_std().unwrap();
-    sock.set_nonblocking(false).unwrap();
-    sock.write_all(b"D").unwrap();
-    let e = bounded("recv", srx.recv()).await.unwrap_err();
-    let typed = e
-        .backend_error::<ShmFailure>()
-        .is_some_and(|f| matches!(f, ShmFailure::Msg(_)));
-    assert!(typed, "{e}");
-    // The failure sticks.
-    let again = srx.recv().await.unwrap_err();
-    assert_eq!(again.to_string(), e.to_string());
 }
