@@ -4,8 +4,9 @@
 //! # How a message travels
 //!
 //! The sending half encodes a message into entries of its data ring ([`crate::msg`]): inline
-//! when the payload is short ([`ShmConfig::inline_limit`]), else copied into a free slot of its
-//! pool and named by the entry. It pushes a message's entries only when all of them fit (so a
+//! when the payload is short ([`ShmConfig::inline_limit`]), else named by the entry in a slot
+//! of its pool: where the application wrote it, in a send buffer of
+//! [`MessageSender::buffer_pool`], or copied into a free slot. It pushes a message's entries only when all of them fit (so a
 //! send dropped while it waits leaves nothing half written) and rings the doorbell only when
 //! the receiver announced that it sleeps ([`crate::ring`]). The receiving half pops and decodes
 //! the entries, checking everything the peer wrote, and hands a slot's payload to the
@@ -27,8 +28,9 @@
 //! A payload travels in one slot, so [`ShmConfig::max_message_size`] sizes the slots: a larger
 //! message is refused with [`TransportError::MessageTooLarge`] on send; one the peer sends
 //! above this side's limit is skipped (its slot returned) with the same error on receive, and
-//! the connection goes on. A payload is copied once into the sender's slot (the pool of
-//! [`MessageSender::buffer_pool`] is the heap's). Slots go back when the application drops
+//! the connection goes on. A heap payload is copied once into the sender's slot; one the
+//! application wrote in a buffer of [`MessageSender::buffer_pool`] (a free slot of the
+//! sender's pool, [`crate::pool::lend`]) is named where it lies, without a copy. Slots go back when the application drops
 //! their payloads and this side's receiving half runs (a `recv` in progress is woken for it):
 //! an application that keeps payloads, or stops receiving, holds the peer's sends back once
 //! the peer's pool is lent out.
@@ -42,14 +44,15 @@ use nix::sys::socket::{send, MsgFlags};
 use tokio::net::UnixStream;
 use tokio::sync::Notify;
 use transport_core::{
-    BackendError, Capabilities, Connection, HeaderBytes, Message, MessageReceiver, MessageSender,
-    Metrics, TransportError, TryRecv, MAX_HEADER_LEN,
+    BackendError, BufferPool, Capabilities, Connection, HeaderBytes, Message, MessageReceiver,
+    MessageSender, Metrics, TransportError, TryRecv, MAX_HEADER_LEN,
 };
 
 use crate::msg::{
     encode_close, encode_returns, entries_for, Decoded, Decoder, Encoder, Entry, MsgError,
     MsgLimits, RETURNS_PER_ENTRY,
 };
+use crate::pool::lend::SlotLender;
 use crate::pool::{PoolError, PoolReader, PoolWriter, SlotId};
 use crate::region::Words;
 use crate::ring::{Consumer, Producer, RingError, ENTRY_BYTES};
@@ -156,6 +159,7 @@ impl ShmConfig {
         let mut c = Capabilities::new(NAME, self.max_message_size);
         c.inline_size = self.inline_limit as usize;
         c.zero_copy_recv = true;
+        c.zero_copy_send = true;
         c.event_fd = true;
         c
     }
@@ -453,9 +457,11 @@ impl ShmConnection {
         };
         let mine_out = msg_limits(est.my_hello.inline_limit)?;
         let theirs_in = msg_limits(est.their_hello.inline_limit)?;
+        let writer = PoolWriter::new(my_parts.pool, mine.pool()).map_err(pool)?;
         let sender = ShmSender {
             data: Producer::new(my_parts.data, mine.data()).map_err(ring)?,
-            pool: PoolWriter::new(my_parts.pool, mine.pool()).map_err(pool)?,
+            lender: Arc::new(writer.lender(mine_out.inline_limit())),
+            pool: writer,
             returns: Consumer::new(their_parts.returns, theirs.returns()).map_err(ring)?,
             ret_dec: Decoder::new(theirs_in, theirs.pool(), mine.pool()),
             enc: Encoder::new(mine_out),
@@ -518,6 +524,17 @@ impl Connection for ShmConnection {
     }
 }
 
+/// What a message needs of the sender's pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotNeed {
+    /// Nothing: its payload travels inline.
+    None,
+    /// A free slot to copy its payload into.
+    Copy,
+    /// Room for another outstanding send: its payload is in a send buffer of the pool.
+    Lent,
+}
+
 #[derive(Debug)]
 enum SendState {
     Open,
@@ -530,6 +547,8 @@ enum SendState {
 pub struct ShmSender {
     data: Producer<Words>,
     pool: PoolWriter<Words>,
+    /// Send buffers in free slots of `pool` ([`MessageSender::buffer_pool`]).
+    lender: Arc<SlotLender<Words>>,
     /// The peer's return ring: slots of this side's pool coming back.
     returns: Consumer<Words>,
     ret_dec: Decoder,
@@ -580,14 +599,23 @@ impl ShmSender {
         }
     }
 
-    /// Whether `need` entries (and a slot, when `slot`) are free now.
-    fn ready(&mut self, need: usize, slot: bool) -> Result<bool, TransportError> {
+    /// Whether `need` entries (and what `slot` needs) are free now.
+    fn ready(&mut self, need: usize, slot: SlotNeed) -> Result<bool, TransportError> {
         self.take_returns()?;
         let room = match self.data.room() {
             Ok(r) => r,
             Err(e) => return Err(self.fail(e.into())),
         };
-        Ok(room >= need && (!slot || self.pool.available() > 0))
+        Ok(room >= need && self.has_slot(slot))
+    }
+
+    /// Whether what `slot` needs of the pool is there now.
+    fn has_slot(&self, slot: SlotNeed) -> bool {
+        match slot {
+            SlotNeed::None => true,
+            SlotNeed::Copy => self.pool.available() > 0,
+            SlotNeed::Lent => self.pool.can_send_lent(),
+        }
     }
 
     /// A message above the size limit: refused before anything is written.
@@ -603,28 +631,33 @@ impl ShmSender {
         Ok(())
     }
 
-    /// The entries `msg` takes, and whether it needs a slot.
-    fn needs(&self, msg: &Message) -> (usize, bool) {
+    /// The entries `msg` takes, and what it needs of the pool.
+    fn needs(&self, msg: &Message) -> (usize, SlotNeed) {
         if self.enc.is_inline(msg.payload.len()) {
-            (entries_for(msg.header.len() + msg.payload.len()), false)
+            (
+                entries_for(msg.header.len() + msg.payload.len()),
+                SlotNeed::None,
+            )
+        } else if self.pool.lent_slot(&msg.payload).is_some() {
+            (entries_for(msg.header.len()), SlotNeed::Lent)
         } else {
-            (entries_for(msg.header.len()), true)
+            (entries_for(msg.header.len()), SlotNeed::Copy)
         }
     }
 
     /// Encodes `msg` (its payload into a slot when it is not inline) and pushes its entries,
     /// which fit ([`Self::ready`] said so); the doorbell is left to [`Self::wake_peer`].
     fn put(&mut self, msg: &Message) -> Result<(), TransportError> {
-        let n = match self.enc.encode(msg, &mut self.pool, &mut self.entries) {
-            Ok(n) => n,
+        let done = match self.enc.encode(msg, &mut self.pool, &mut self.entries) {
+            Ok(d) => d,
             Err(e) => return Err(self.fail(e.into())),
         };
-        self.push(n)?;
+        self.push(done.entries)?;
         self.metrics.messages_sent.incr();
         self.metrics.bytes_sent.add(msg.len() as u64);
-        self.metrics
-            .payload_bytes_copied
-            .add(msg.payload.len() as u64);
+        if done.copied > 0 {
+            self.metrics.payload_bytes_copied.add(done.copied as u64);
+        }
         Ok(())
     }
 
@@ -647,9 +680,9 @@ impl ShmSender {
         }
     }
 
-    /// Waits until `need` entries (and a slot, when `slot`) are free: spins first, then
+    /// Waits until `need` entries (and what `slot` needs) are free: spins first, then
     /// sleeps on the doorbell. Cancel safe: nothing is written while it waits.
-    async fn wait_ready(&mut self, need: usize, slot: bool) -> Result<(), TransportError> {
+    async fn wait_ready(&mut self, need: usize, slot: SlotNeed) -> Result<(), TransportError> {
         let mut w = self.spin.begin();
         loop {
             if self.ready(need, slot)? {
@@ -670,7 +703,7 @@ impl ShmSender {
                 Ok(r) => r < need,
                 Err(e) => return Err(self.fail(e.into())),
             };
-            if !room_missing && (!slot || self.pool.available() > 0) {
+            if !room_missing && self.has_slot(slot) {
                 continue;
             }
             let sleep = if room_missing {
@@ -747,6 +780,13 @@ impl MessageSender for ShmSender {
         self.max_message_size
     }
 
+    /// Send buffers in free slots of this side's pool, for payloads above the inline limit
+    /// and up to a slot: sending one names its slot, without a copy (heap memory otherwise,
+    /// or when the application holds all slots but a reserve; see [`crate::pool::lend`]).
+    fn buffer_pool(&self) -> Arc<dyn BufferPool> {
+        self.lender.clone()
+    }
+
     /// Sends a close entry (after the messages before it): the peer's `recv` then returns
     /// `Ok(None)`. Later sends fail with [`TransportError::Closed`].
     async fn close(&mut self) -> Result<(), TransportError> {
@@ -754,8 +794,8 @@ impl MessageSender for ShmSender {
             return Ok(());
         }
         self.check()?;
-        if !self.ready(1, false)? {
-            self.wait_ready(1, false).await?;
+        if !self.ready(1, SlotNeed::None)? {
+            self.wait_ready(1, SlotNeed::None).await?;
         }
         encode_close(&mut self.entries[0]);
         self.push(1)?;
@@ -774,7 +814,9 @@ impl Drop for ShmSender {
     /// the peer sees a clean end after the messages sent. Otherwise the peer sees the end when
     /// the set-up socket closes.
     fn drop(&mut self) {
-        if matches!(self.state, SendState::Open) && matches!(self.ready(1, false), Ok(true)) {
+        if matches!(self.state, SendState::Open)
+            && matches!(self.ready(1, SlotNeed::None), Ok(true))
+        {
             encode_close(&mut self.entries[0]);
             if self.push(1).is_ok() {
                 self.wake_peer();
@@ -871,7 +913,12 @@ impl ShmReceiver {
                         .add(m.payload.len() as u64);
                     (m.header, m.payload)
                 }
-                Decoded::InSlot { header, slot, len } => match self.pool.take(slot, len) {
+                Decoded::InSlot {
+                    header,
+                    slot,
+                    offset,
+                    len,
+                } => match self.pool.take(slot, offset, len) {
                     Ok(p) => (header, p),
                     Err(e) => return Err(self.fail(e.into())),
                 },

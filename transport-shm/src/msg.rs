@@ -15,7 +15,7 @@
 //! | 3 | zero |
 //! | 4..8 | payload length (data); number of slot ids (slot returns, 1 to [`RETURNS_PER_ENTRY`]); 0 (close) |
 //! | 8..12 | slot id (data in a slot, in the *sender's* pool); 0 otherwise |
-//! | 12..16 | zero |
+//! | 12..16 | offset of the payload in its slot (data in a slot); 0 otherwise |
 //! | 16..64 | data: the header's bytes, then (kind 1) the payload's; or (kind 3) the slot ids, 4 bytes each |
 //!
 //! The data goes on in each continuation entry, 64 bytes of it per entry. Every byte after the
@@ -25,7 +25,9 @@
 //! of up to 24 bytes.
 //!
 //! A payload of at most [`MsgLimits::inline_limit`] bytes travels inline; a longer one goes
-//! in a slot of the sender's pool ([`crate::pool`]), and the entry carries its slot and length.
+//! in a slot of the sender's pool ([`crate::pool`]), and the entry carries its slot, its
+//! offset in the slot (not 0 when the application sent part of a send buffer it wrote in a
+//! slot, [`crate::pool::lend`]) and its length.
 //! The receiver returns slots in kind-3 entries, up to [`RETURNS_PER_ENTRY`] ids each.
 //!
 //! # Who trusts what
@@ -69,6 +71,7 @@ const HEADER_LEN: usize = 1;
 const CONT: usize = 2;
 const PAYLOAD_LEN: usize = 4;
 const SLOT: usize = 8;
+const OFFSET: usize = 12;
 
 /// What a message is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,6 +174,16 @@ pub enum MsgError {
         slot: u32,
         /// Slots in the pool.
         slots: usize,
+    },
+    /// A payload in a slot that starts at an offset but ends past the slot.
+    #[error("a payload of {len} bytes at offset {offset} of a slot of {slot_bytes}")]
+    PastSlotEnd {
+        /// The offset.
+        offset: u32,
+        /// Its length.
+        len: usize,
+        /// Bytes per slot.
+        slot_bytes: usize,
     },
     /// A slot-return entry with no ids or more than [`RETURNS_PER_ENTRY`].
     #[error("a slot-return entry with {0} ids (1 to 12 fit)")]
@@ -279,14 +292,15 @@ fn put_data(out: &mut [Entry], mut pos: usize, mut src: &[u8]) {
 }
 
 /// Writes the descriptor of a data message into zeroed `out[..need]` and its data; `need` was
-/// checked against `out.len()`.
+/// checked against `out.len()`. `(slot, offset)` say where a payload in a slot lies (zeros
+/// for an inline one).
 fn put_message(
     out: &mut [Entry],
     need: usize,
     kind: Kind,
     header: &HeaderBytes,
     payload_len: u32,
-    slot: u32,
+    (slot, offset): (u32, u32),
     inline: &[u8],
 ) {
     for e in &mut out[..need] {
@@ -299,6 +313,7 @@ fn put_message(
     first[CONT] = (need - 1) as u8;
     first[PAYLOAD_LEN..PAYLOAD_LEN + 4].copy_from_slice(&payload_len.to_le_bytes());
     first[SLOT..SLOT + 4].copy_from_slice(&slot.to_le_bytes());
+    first[OFFSET..OFFSET + 4].copy_from_slice(&offset.to_le_bytes());
     put_data(out, 0, header.as_slice());
     put_data(out, header.len(), inline);
 }
@@ -369,18 +384,19 @@ impl Encoder {
             Kind::Inline,
             header,
             payload.len() as u32,
-            0,
+            (0, 0),
             payload,
         );
         Ok(need)
     }
 
-    /// Writes a message whose `len`-byte payload is in `slot` of this side's pool (already
-    /// written) into `out`, and returns the entries used.
+    /// Writes a message whose `len`-byte payload is at `offset` in `slot` of this side's pool
+    /// (already written) into `out`, and returns the entries used.
     pub fn encode_in_slot(
         &self,
         header: &HeaderBytes,
         slot: SlotId,
+        offset: u32,
         len: usize,
         out: &mut [Entry],
     ) -> Result<usize, MsgError> {
@@ -398,22 +414,37 @@ impl Encoder {
             });
         }
         // At most `max_payload`, itself at most u32::MAX.
-        put_message(out, need, Kind::InSlot, header, len as u32, slot.get(), &[]);
+        put_message(
+            out,
+            need,
+            Kind::InSlot,
+            header,
+            len as u32,
+            (slot.get(), offset),
+            &[],
+        );
         Ok(need)
     }
 
     /// Writes `msg` into `out`: inline if its payload is short enough, else through a slot of
-    /// `pool` (taken and written here). Returns the entries used. When no slot is free this is
-    /// [`MsgError::NoSlot`] and nothing changed; [`MsgError::NoRoom`] takes no slot either.
+    /// `pool`: the slot of an application's send buffer the payload lies in
+    /// ([`PoolWriter::lent_slot`], no copy), or a slot taken and written here. Returns the
+    /// entries used and the payload bytes copied. When no slot is free (or `pool` has as many
+    /// sends outstanding as slots) this is [`MsgError::NoSlot`] and nothing changed;
+    /// [`MsgError::NoRoom`] takes no slot either.
     pub fn encode<R: Deref<Target = [AtomicU64]>>(
         &self,
         msg: &Message,
         pool: &mut PoolWriter<R>,
         out: &mut [Entry],
-    ) -> Result<usize, MsgError> {
+    ) -> Result<Encoded, MsgError> {
         let payload = &msg.payload[..];
         if self.is_inline(payload.len()) {
-            return self.encode_inline(&msg.header, payload, out);
+            let entries = self.encode_inline(&msg.header, payload, out)?;
+            return Ok(Encoded {
+                entries,
+                copied: payload.len(),
+            });
         }
         let max = self.limits.max_payload.min(pool.layout().slot_bytes());
         if payload.len() > max {
@@ -429,13 +460,36 @@ impl Encoder {
                 got: out.len(),
             });
         }
-        let slot = pool.alloc().ok_or(match pool.failed() {
+        let no_slot = |pool: &PoolWriter<R>| match pool.failed() {
             Some(e) => MsgError::Pool(e),
             None => MsgError::NoSlot,
-        })?;
+        };
+        if let Some((slot, offset)) = pool.lent_slot(payload) {
+            if !pool.can_send_lent() {
+                return Err(no_slot(pool));
+            }
+            let entries = self.encode_in_slot(&msg.header, slot, offset, payload.len(), out)?;
+            pool.send_lent(slot, &msg.payload)?;
+            return Ok(Encoded { entries, copied: 0 });
+        }
+        let slot = pool.alloc().ok_or_else(|| no_slot(pool))?;
         pool.write(slot, payload)?;
-        self.encode_in_slot(&msg.header, slot, payload.len(), out)
+        let entries = self.encode_in_slot(&msg.header, slot, 0, payload.len(), out)?;
+        Ok(Encoded {
+            entries,
+            copied: payload.len(),
+        })
     }
+}
+
+/// What [`Encoder::encode`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Encoded {
+    /// Entries written, `out[..entries]`, to push in order.
+    pub entries: usize,
+    /// Payload bytes copied (into the entries or a slot); 0 for an application's send buffer
+    /// in a slot.
+    pub copied: usize,
 }
 
 /// Writes a slot-return entry for the first [`RETURNS_PER_ENTRY`] (at most) of `slots` and
@@ -491,13 +545,15 @@ impl SlotReturns {
 pub enum Decoded {
     /// A message whose payload came inline (copied out of the entries).
     Message(Message),
-    /// A message whose payload is in `slot` of the peer's pool, `len` bytes: both checked
-    /// against the pool's layout; [`crate::pool::PoolReader::take`] hands it out.
+    /// A message whose payload is in `slot` of the peer's pool, `len` bytes from `offset`: all
+    /// checked against the pool's layout; [`crate::pool::PoolReader::take`] hands it out.
     InSlot {
         /// The header.
         header: HeaderBytes,
         /// The slot, in the peer's pool.
         slot: SlotId,
+        /// Where the payload starts in the slot.
+        offset: u32,
         /// The payload's length.
         len: u32,
     },
@@ -514,6 +570,7 @@ struct Pending {
     header_len: usize,
     payload_len: u32,
     slot: u32,
+    offset: u32,
     /// Bytes of data (header, and inline payload) in all.
     data: usize,
     /// Bytes of data received so far.
@@ -582,11 +639,14 @@ impl Decoder {
     fn first(&mut self, e: &Entry) -> Result<Option<Decoded>, MsgError> {
         let kind = Kind::from_byte(e[KIND]).ok_or(MsgError::UnknownKind(e[KIND]))?;
         zero(e, 0, 3..4)?;
-        zero(e, 0, 12..16)?;
         let header_len = e[HEADER_LEN] as usize;
         let cont = e[CONT];
         let payload_len = u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
         let slot = u32::from_le_bytes([e[8], e[9], e[10], e[11]]);
+        let offset = u32::from_le_bytes([e[12], e[13], e[14], e[15]]);
+        if kind != Kind::InSlot {
+            zero(e, 0, OFFSET..OFFSET + 4)?;
+        }
         match kind {
             Kind::Close => {
                 zero(e, 0, 1..ENTRY_BYTES)?;
@@ -638,6 +698,15 @@ impl Decoder {
                             slots: self.their_pool.slots(),
                         });
                     }
+                    // `len` is at most a slot here: no underflow.
+                    let slot_bytes = self.their_pool.slot_bytes();
+                    if offset as usize > slot_bytes - len {
+                        return Err(MsgError::PastSlotEnd {
+                            offset,
+                            len,
+                            slot_bytes,
+                        });
+                    }
                     header_len
                 };
                 let want = continuations_for(data);
@@ -653,6 +722,7 @@ impl Decoder {
                     header_len,
                     payload_len,
                     slot,
+                    offset,
                     data,
                     filled: here,
                     entries: 0,
@@ -691,6 +761,7 @@ impl Decoder {
             _ => Decoded::InSlot {
                 header,
                 slot: SlotId::new(p.slot),
+                offset: p.offset,
                 len: p.payload_len,
             },
         })
@@ -763,13 +834,16 @@ mod tests {
     fn round_trip(msg: &Message, tx: &mut PoolWriter<Region>, rx: &mut PoolReader) -> Message {
         let enc = Encoder::new(MsgLimits::default());
         let mut out = [[0xaa; ENTRY_BYTES]; 8];
-        let n = enc.encode(msg, tx, &mut out).unwrap();
+        let n = enc.encode(msg, tx, &mut out).unwrap().entries;
         assert_eq!(n, entries_for(msg.header.len() + inline_len(msg)));
         match decode_all(&mut decoder(), &out[..n]) {
             Decoded::Message(m) => m,
-            Decoded::InSlot { header, slot, len } => {
-                Message::new(header, rx.take(slot, len).unwrap())
-            }
+            Decoded::InSlot {
+                header,
+                slot,
+                offset,
+                len,
+            } => Message::new(header, rx.take(slot, offset, len).unwrap()),
             other => panic!("{other:?}"),
         }
     }
@@ -1000,7 +1074,7 @@ mod tests {
         let mut out = [[0; ENTRY_BYTES]; 2];
         let enc = Encoder::new(MsgLimits::default());
         let in_slot = |slot: u32, len: usize, out: &mut [Entry; 2]| {
-            enc.encode_in_slot(&header(24), SlotId::new(slot), len, out)
+            enc.encode_in_slot(&header(24), SlotId::new(slot), 0, len, out)
                 .unwrap();
             out[0]
         };
@@ -1021,6 +1095,35 @@ mod tests {
                 len: SLOT_BYTES + 1,
                 max: SLOT_BYTES
             }
+        );
+        // An offset in the slot: the payload must end inside it, and no sum may wrap.
+        let at = |offset: u32, len: usize, out: &mut [Entry; 2]| {
+            enc.encode_in_slot(&header(24), SlotId::new(1), offset, len, out)
+                .unwrap();
+            out[0]
+        };
+        let last = (SLOT_BYTES - 10) as u32;
+        assert!(matches!(
+            decoder().push(&at(last, 10, &mut out)),
+            Ok(Some(Decoded::InSlot { offset, len: 10, .. })) if offset == last
+        ));
+        for (offset, len) in [(last + 1, 10), (1, SLOT_BYTES), (u32::MAX, 1)] {
+            assert_eq!(
+                first_error(&[at(offset, len, &mut out)]),
+                MsgError::PastSlotEnd {
+                    offset,
+                    len,
+                    slot_bytes: SLOT_BYTES
+                }
+            );
+        }
+        // Only a payload in a slot has an offset.
+        let mut inline = [[0; ENTRY_BYTES]; 1];
+        enc.encode_inline(&header(8), b"x", &mut inline).unwrap();
+        inline[0][13] = 1;
+        assert_eq!(
+            first_error(&inline),
+            MsgError::Reserved { entry: 0, byte: 13 }
         );
         // The payload limit binds when it is below a slot.
         let mut dec = Decoder::new(MsgLimits::new(16, 100).unwrap(), pool(), pool());
@@ -1111,7 +1214,7 @@ mod tests {
                 let mut out = [[0u8; ENTRY_BYTES]; 8];
                 let n = if in_slot || msg.payload.len() > DEFAULT_INLINE_LIMIT {
                     let len = msg.payload.len().min(SLOT_BYTES);
-                    enc.encode_in_slot(&msg.header, SlotId::new(3), len, &mut out)
+                    enc.encode_in_slot(&msg.header, SlotId::new(3), 0, len, &mut out)
                 } else {
                     enc.encode_inline(&msg.header, &msg.payload, &mut out)
                 }
@@ -1158,7 +1261,7 @@ mod tests {
             let mut dec = decoder();
             let mut out = [[0x55; ENTRY_BYTES]; 8];
             for msg in msgs {
-                let n = enc.encode(&msg, &mut tx, &mut out).unwrap();
+                let n = enc.encode(&msg, &mut tx, &mut out).unwrap().entries;
                 let mut got = None;
                 for (i, e) in out[..n].iter().enumerate() {
                     let d = dec.push(e).unwrap();
@@ -1167,7 +1270,9 @@ mod tests {
                 }
                 let got = match got.unwrap() {
                     Decoded::Message(m) => m,
-                    Decoded::InSlot { header, slot, len } => Message::new(header, rx.take(slot, len).unwrap()),
+                    Decoded::InSlot { header, slot, offset, len } => {
+                        Message::new(header, rx.take(slot, offset, len).unwrap())
+                    }
                     other => return Err(TestCaseError::fail(format!("{other:?}"))),
                 };
                 prop_assert_eq!(&got, &msg);
@@ -1207,12 +1312,13 @@ mod tests {
                         prop_assert!(m.header.len() <= MAX_HEADER_LEN);
                         prop_assert!(m.payload.len() <= limits.inline_limit());
                     }
-                    Ok(Some(Decoded::InSlot { header, slot, len })) => {
+                    Ok(Some(Decoded::InSlot { header, slot, offset, len })) => {
                         prop_assert!(header.len() <= MAX_HEADER_LEN);
                         prop_assert!((slot.get() as usize) < pool().slots());
                         prop_assert!(len as usize <= SLOT_BYTES);
-                        // The pair is one the pool's own check accepts.
-                        prop_assert!(pool().payload_range(slot, len).is_ok());
+                        prop_assert!(offset as usize + len as usize <= SLOT_BYTES);
+                        // The triple is one the pool's own check accepts.
+                        prop_assert!(pool().payload_range(slot, offset, len).is_ok());
                     }
                     Ok(Some(Decoded::Returns(r))) => {
                         prop_assert!((1..=RETURNS_PER_ENTRY).contains(&r.as_slice().len()));

@@ -2,7 +2,9 @@
 //!
 //! A payload too large to travel inline in ring entries ([`crate::msg`]) goes in a slot of the
 //! sender's pool: the sender takes a free slot ([`PoolWriter::alloc`]), writes the payload into
-//! it ([`PoolWriter::write`]) and sends a ring entry naming the slot and the length; the
+//! it ([`PoolWriter::write`]) and sends a ring entry naming the slot and the length (or the
+//! application wrote it there already, in a send buffer of [`PoolWriter::lender`]: no copy,
+//! see [`lend`]); the
 //! receiver checks the pair against the layout it knows and hands the payload out as
 //! [`Bytes`] over its mapping, without a copy ([`PoolReader::take`]); when the last clone of
 //! that `Bytes` is dropped the slot joins the receiver's return queue
@@ -21,11 +23,11 @@
 //!   A slot id returned by the peer is checked (in range, lent, not already returned) before
 //!   anything changes; a bad one is a typed [`PoolError`] that sticks: the pool lends nothing
 //!   more.
-//! - The **receiver** checks a `(slot, len)` pair from a ring entry against its own
-//!   [`PoolLayout`] (slot in range, length within a slot, no overflow) before forming any
-//!   range, and refuses a slot the application still holds (an honest sender never reuses a
-//!   slot before it is returned), which also bounds its return queue by the number of slots.
-//!   A bad pair is a typed error that sticks.
+//! - The **receiver** checks a `(slot, offset, len)` triple from a ring entry against its own
+//!   [`PoolLayout`] (slot in range, the payload within the slot, no overflow) before forming
+//!   any range, and holds at most as many payloads as the pool has slots (an honest sender
+//!   has at most that many sends outstanding), which bounds its return queue. A bad triple is
+//!   a typed error that sticks.
 //! - The payload bytes themselves stay writable by the peer while the application holds them
 //!   (see [`crate::region::PeerBytes`]): they are untrusted content, and this crate never reads
 //!   them to decide anything.
@@ -55,7 +57,7 @@
 //! let slot = tx.alloc().expect("a free slot");
 //! tx.write(slot, b"a payload")?;
 //! // ... a ring entry carries (slot, 9) to the receiver ...
-//! let payload = rx.take(slot, 9)?;
+//! let payload = rx.take(slot, 0, 9)?;
 //! assert_eq!(&payload[..], b"a payload");
 //! drop(payload); // the last view: the slot is queued for return
 //! let mut back = [slot; 4];
@@ -73,6 +75,8 @@ use std::fmt;
 use std::ops::{Deref, Range};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+pub mod lend;
 
 /// Slot sizes are multiples of this (a cache line).
 pub const SLOT_ALIGN: usize = 64;
@@ -163,16 +167,26 @@ pub enum PoolError {
         /// Bytes per slot.
         slot_bytes: usize,
     },
+    /// *Peer*: a payload that starts inside a slot but ends past it.
+    #[error("the peer sent {len} bytes at offset {offset} of a slot of {slot_bytes}: the pool is not used again")]
+    PastSlotEnd {
+        /// The offset it sent.
+        offset: u32,
+        /// The length it sent.
+        len: u32,
+        /// Bytes per slot.
+        slot_bytes: usize,
+    },
     /// *Peer*: the receiver returned a slot the sender never lent.
     #[error("the peer returned {0}, which was never lent: the pool is not used again")]
     NeverLent(SlotId),
     /// *Peer*: the receiver returned a slot that was already back.
     #[error("the peer returned {0} twice: the pool is not used again")]
     ReturnedTwice(SlotId),
-    /// *Peer*: the sender named a slot whose payload the application here still holds, which
-    /// an honest sender cannot have reused yet.
-    #[error("the peer reused {0} before it was returned: the pool is not used again")]
-    SlotHeld(SlotId),
+    /// *Peer*: the sender named a slot while as many of its payloads as its pool has slots
+    /// were held here (not yet returned), which an honest sender never does.
+    #[error("the peer sent {0} while a pool's worth of its payloads were held: the pool is not used again")]
+    TooManyHeld(SlotId),
 }
 
 /// The shape of a pool: how many slots, of how many bytes.
@@ -221,39 +235,55 @@ impl PoolLayout {
         self.slots * self.slot_bytes
     }
 
-    /// The byte range of a payload of `len` bytes in `slot`, after checking both against this
-    /// layout (a [`PoolError::SlotOutOfRange`] or [`PoolError::LenTooLong`] otherwise). Pure:
-    /// this is the check [`PoolReader::take`] makes, for values read from the peer.
+    /// The byte range of a payload of `len` bytes at `offset` in `slot`, after checking all
+    /// three against this layout (a [`PoolError::SlotOutOfRange`], [`PoolError::LenTooLong`]
+    /// or [`PoolError::PastSlotEnd`] otherwise). Pure: this is the check [`PoolReader::take`]
+    /// makes, for values read from the peer.
     ///
     /// ```
     /// use transport_shm::pool::{PoolError, PoolLayout, SlotId};
     /// let layout = PoolLayout::new(4, 128)?;
-    /// assert_eq!(layout.payload_range(SlotId::new(2), 5)?, 256..261);
-    /// assert!(matches!(layout.payload_range(SlotId::new(4), 5), Err(PoolError::SlotOutOfRange { .. })));
-    /// assert!(matches!(layout.payload_range(SlotId::new(0), 129), Err(PoolError::LenTooLong { .. })));
+    /// assert_eq!(layout.payload_range(SlotId::new(2), 0, 5)?, 256..261);
+    /// assert_eq!(layout.payload_range(SlotId::new(2), 123, 5)?, 379..384);
+    /// assert!(matches!(layout.payload_range(SlotId::new(4), 0, 5), Err(PoolError::SlotOutOfRange { .. })));
+    /// assert!(matches!(layout.payload_range(SlotId::new(0), 0, 129), Err(PoolError::LenTooLong { .. })));
+    /// assert!(matches!(layout.payload_range(SlotId::new(0), 124, 5), Err(PoolError::PastSlotEnd { .. })));
     /// # Ok::<(), PoolError>(())
     /// ```
-    pub fn payload_range(&self, slot: SlotId, len: u32) -> Result<Range<usize>, PoolError> {
+    pub fn payload_range(
+        &self,
+        slot: SlotId,
+        offset: u32,
+        len: u32,
+    ) -> Result<Range<usize>, PoolError> {
         if slot.index() >= self.slots {
             return Err(PoolError::SlotOutOfRange {
                 slot: slot.get(),
                 slots: self.slots,
             });
         }
-        // `len` fits in usize (at least 32 bits here) and is at most a slot (< 2^30), and the
-        // slot's start plus a slot is at most the pool (<= 2^30): no sum below can overflow.
+        // `offset` and `len` fit in usize (at least 32 bits here), each is at most a slot
+        // (< 2^30) once checked, and the slot's start plus a slot is at most the pool
+        // (<= 2^30): no sum below can overflow.
         if len as usize > self.slot_bytes {
             return Err(PoolError::LenTooLong {
                 len,
                 slot_bytes: self.slot_bytes,
             });
         }
-        let start = slot.index() * self.slot_bytes;
+        if offset as usize > self.slot_bytes - len as usize {
+            return Err(PoolError::PastSlotEnd {
+                offset,
+                len,
+                slot_bytes: self.slot_bytes,
+            });
+        }
+        let start = slot.index() * self.slot_bytes + offset as usize;
         Ok(start..start + len as usize)
     }
 }
 
-/// A slot's state, as the sender knows it.
+/// A slot's state, as the sender knows it, for the copies it makes into slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SlotState {
     /// Free, and never lent: a return of it is [`PoolError::NeverLent`].
@@ -264,18 +294,54 @@ enum SlotState {
     Returned,
 }
 
+/// The slots free to lend, shared by the writer and the application's send buffers
+/// ([`lend`]), which may give theirs back on any thread.
+#[derive(Debug)]
+struct Free {
+    /// Free slot ids, the most recently freed last (reused first: still in cache).
+    ids: Vec<u32>,
+    /// Per slot: held by an application's send buffer.
+    app: Vec<bool>,
+    /// How many are.
+    app_count: usize,
+}
+
+type SharedFree = Arc<Mutex<Free>>;
+
+fn lock(free: &Mutex<Free>) -> std::sync::MutexGuard<'_, Free> {
+    // Every critical section is a push, a pop or a flag: a panic elsewhere while the lock
+    // was held cannot leave it half-changed.
+    free.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The sending side of a pool: lends slots, writes payloads into them, takes them back.
 ///
-/// The free list and each slot's state live here, in this process; the region only holds the
+/// A payload reaches the peer in a slot in one of two ways: copied into a slot taken here
+/// ([`PoolWriter::alloc`], [`PoolWriter::write`]), or already in one, written there by the
+/// application through a send buffer of [`PoolWriter::lender`] ([`PoolWriter::lent_slot`],
+/// [`PoolWriter::send_lent`]: no copy). Either way a send is *outstanding* until the peer
+/// returns the slot, and at most `slots` sends are outstanding at once, which bounds what
+/// the peer holds and returns (an application's buffer may be sent again before its first
+/// send came back: each send is returned once).
+///
+/// The free list is shared with the application's buffers (a lock held for a push or a pop);
+/// each slot's state lives here, in this process, never in the region, which only holds the
 /// payload bytes. Every operation is constant time (a write is linear in its payload) and
-/// allocates nothing; the state takes a few bytes per slot, allocated once by [`PoolWriter::new`].
+/// allocates nothing; the state takes a few bytes per slot, allocated once by
+/// [`PoolWriter::new`].
 #[derive(Debug)]
 pub struct PoolWriter<R> {
     region: R,
     layout: PoolLayout,
-    /// Free slots, the most recently returned last (reused first: still in cache).
-    free: Vec<u32>,
+    free: SharedFree,
     state: Vec<SlotState>,
+    /// Per slot: sends of an application's buffer in it that the peer has not returned.
+    out: Vec<u32>,
+    /// Per slot with sends out: a view of the application's buffer, which keeps the slot
+    /// from being freed (and written again) before the peer returned it.
+    keep: Vec<Option<Bytes>>,
+    /// Sends whose slot the peer has not returned (copies and application buffers).
+    outstanding: usize,
     failed: Option<PoolError>,
 }
 
@@ -291,24 +357,32 @@ impl<R: Deref<Target = [AtomicU64]>> PoolWriter<R> {
             });
         }
         // Slot 0 on top: a fresh pool lends 0, 1, 2, ...
-        let free = (0..layout.slots as u32).rev().collect();
+        let ids = (0..layout.slots as u32).rev().collect();
         Ok(PoolWriter {
             region,
             layout,
-            free,
+            free: Arc::new(Mutex::new(Free {
+                ids,
+                app: vec![false; layout.slots],
+                app_count: 0,
+            })),
             state: vec![SlotState::Fresh; layout.slots],
+            out: vec![0; layout.slots],
+            keep: vec![None; layout.slots],
+            outstanding: 0,
             failed: None,
         })
     }
 
-    /// A free slot, now lent; `None` when every slot is lent (wait for returns) or the pool
-    /// failed ([`PoolWriter::failed`]).
+    /// A free slot, now lent for a copy; `None` when no slot is free, `slots` sends are
+    /// outstanding (wait for returns) or the pool failed ([`PoolWriter::failed`]).
     pub fn alloc(&mut self) -> Option<SlotId> {
-        if self.failed.is_some() {
+        if self.failed.is_some() || self.outstanding >= self.layout.slots {
             return None;
         }
-        let slot = self.free.pop()?;
+        let slot = lock(&self.free).ids.pop()?;
         self.state[slot as usize] = SlotState::Lent;
+        self.outstanding += 1;
         Some(SlotId(slot))
     }
 
@@ -342,18 +416,74 @@ impl<R: Deref<Target = [AtomicU64]>> PoolWriter<R> {
         Ok(())
     }
 
-    /// Takes back `slot`, which the peer returned: it must be in the pool and lent. Anything
-    /// else means the peer is corrupt: a *peer* [`PoolError`] that fails the pool for good.
+    /// Where `payload` lies when it is (a part of) an application's send buffer from this
+    /// pool's [`PoolWriter::lender`]: its slot and its offset in the slot. `None` for any
+    /// other memory (it is then copied).
+    pub fn lent_slot(&self, payload: &[u8]) -> Option<(SlotId, u32)> {
+        let base = self.region.as_ptr() as usize;
+        let at = (payload.as_ptr() as usize).checked_sub(base)?;
+        if payload.is_empty() || at >= self.layout.bytes() {
+            return None;
+        }
+        let (slot, offset) = (at / self.layout.slot_bytes, at % self.layout.slot_bytes);
+        if offset + payload.len() > self.layout.slot_bytes || !lock(&self.free).app[slot] {
+            return None;
+        }
+        // Below a slot count of at most 2^24 and a slot of at most 1 GiB.
+        Some((SlotId(slot as u32), offset as u32))
+    }
+
+    /// Whether another send may be outstanding now (fewer than `slots` are, and the pool has
+    /// not failed): what a send of an application's buffer waits for.
+    pub fn can_send_lent(&self) -> bool {
+        self.failed.is_none() && self.outstanding < self.layout.slots
+    }
+
+    /// Records a send of `payload`, an application's buffer in `slot` (from
+    /// [`PoolWriter::lent_slot`]): outstanding until the peer returns it, and the buffer is
+    /// kept from being freed until then. Refused (nothing changes) unless
+    /// [`PoolWriter::can_send_lent`].
+    pub fn send_lent(&mut self, slot: SlotId, payload: &Bytes) -> Result<(), PoolError> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        if self.outstanding >= self.layout.slots || slot.index() >= self.layout.slots {
+            return Err(PoolError::NotAllocated(slot));
+        }
+        let i = slot.index();
+        self.out[i] += 1;
+        self.outstanding += 1;
+        if self.keep[i].is_none() {
+            self.keep[i] = Some(payload.clone());
+        }
+        Ok(())
+    }
+
+    /// Takes back `slot`, which the peer returned: it must be in the pool and have a send
+    /// outstanding. Anything else means the peer is corrupt: a *peer* [`PoolError`] that fails
+    /// the pool for good.
     pub fn release(&mut self, slot: SlotId) -> Result<(), PoolError> {
         if let Some(e) = self.failed {
             return Err(e);
         }
-        let e = match self.state.get(slot.index()) {
+        let i = slot.index();
+        if self.out.get(i).is_some_and(|n| *n > 0) {
+            self.out[i] -= 1;
+            self.outstanding -= 1;
+            if self.out[i] == 0 {
+                // The application's buffer may be freed now (dropped here if this was the last
+                // view: its slot then joins the free list; no lock is held here).
+                drop(self.keep[i].take());
+            }
+            return Ok(());
+        }
+        let e = match self.state.get(i) {
             Some(SlotState::Lent) => {
-                self.state[slot.index()] = SlotState::Returned;
+                self.state[i] = SlotState::Returned;
+                self.outstanding -= 1;
                 // At most `slots` ids are ever in the list (each slot leaves it before it can
                 // come back), and its capacity is `slots`: no allocation.
-                self.free.push(slot.get());
+                lock(&self.free).ids.push(slot.get());
                 return Ok(());
             }
             Some(SlotState::Fresh) => PoolError::NeverLent(slot),
@@ -367,18 +497,22 @@ impl<R: Deref<Target = [AtomicU64]>> PoolWriter<R> {
         Err(e)
     }
 
-    /// Slots free to lend now (0 once the pool failed).
+    /// Slots free to lend for a copy now (0 once the pool failed).
     pub fn available(&self) -> usize {
         if self.failed.is_some() {
             0
         } else {
-            self.free.len()
+            lock(&self.free)
+                .ids
+                .len()
+                .min(self.layout.slots - self.outstanding)
         }
     }
 
-    /// Slots lent and not yet returned.
+    /// Sends outstanding: slots lent for copies, and sends of application buffers, that the
+    /// peer has not returned.
     pub fn lent(&self) -> usize {
-        self.layout.slots - self.free.len()
+        self.outstanding
     }
 
     /// The pool's layout.
@@ -389,6 +523,24 @@ impl<R: Deref<Target = [AtomicU64]>> PoolWriter<R> {
     /// The error that failed the pool, if one did.
     pub fn failed(&self) -> Option<PoolError> {
         self.failed
+    }
+}
+
+impl<R: Deref<Target = [AtomicU64]> + Clone + Send + Sync + 'static> PoolWriter<R> {
+    /// A [`transport_core::BufferPool`] whose buffers are free slots of this pool, for
+    /// payloads longer than `min_len` (shorter ones travel inline: heap buffers serve them),
+    /// so that sending one costs no copy. It lends at most all slots but a quarter (at least
+    /// one) at once: the rest stay for the copies of other payloads, so that buffers an
+    /// application keeps cannot stop its other sends.
+    pub fn lender(&self, min_len: usize) -> lend::SlotLender<R> {
+        let reserve = (self.layout.slots / 4).max(1);
+        lend::SlotLender::new(
+            self.region.clone(),
+            self.layout,
+            self.free.clone(),
+            min_len,
+            self.layout.slots.saturating_sub(reserve),
+        )
     }
 }
 
@@ -419,8 +571,8 @@ impl Drop for Loan {
         // A panic elsewhere while the lock was held cannot leave the queue half-changed (a
         // push or a pop is the whole critical section): go on with it.
         let mut q = self.returns.lock().unwrap_or_else(|e| e.into_inner());
-        // The reader refuses a slot it already holds, so each slot is at most once in the
-        // queue and its capacity (`slots`) is never exceeded: no allocation here.
+        // The reader holds at most `slots` payloads at once, so the queue's capacity
+        // (`slots`) is never exceeded: no allocation here.
         q.push_back(self.slot);
         drop(q);
         if let Some(hook) = &self.hook {
@@ -440,9 +592,10 @@ pub struct PoolReader {
     /// Where the pool starts in `region`, in bytes.
     base: usize,
     layout: PoolLayout,
-    /// Slots handed out whose return has not been popped yet: the application holds a view,
-    /// or the slot waits in `returns`.
-    held: Vec<bool>,
+    /// Payloads handed out whose return has not been popped yet: the application holds a
+    /// view, or the slot waits in `returns`. At most `slots` (a slot may be named by several
+    /// at once: an application's buffer sent again before its first send came back).
+    held: usize,
     returns: ReturnQueue,
     hook: Option<ReturnHook>,
     failed: Option<PoolError>,
@@ -498,32 +651,34 @@ impl PoolReader {
             region,
             base,
             layout,
-            held: vec![false; layout.slots],
+            held: 0,
             returns: Arc::new(Mutex::new(VecDeque::with_capacity(layout.slots))),
             hook: None,
             failed: None,
         })
     }
 
-    /// The payload of `len` bytes in `slot`, as a ring entry from the peer named them, as
-    /// [`Bytes`] over the mapping (no copy; the mapping stays alive while any clone does). When
-    /// the last clone is dropped, `slot` joins the return queue ([`PoolReader::pop_returns`]).
+    /// The payload of `len` bytes at `offset` in `slot`, as a ring entry from the peer named
+    /// them, as [`Bytes`] over the mapping (no copy; the mapping stays alive while any clone
+    /// does). When the last clone is dropped, `slot` joins the return queue
+    /// ([`PoolReader::pop_returns`]).
     ///
-    /// The pair is checked first ([`PoolLayout::payload_range`]), and `slot` must not be held
-    /// already; anything else is a *peer* [`PoolError`] that fails the reader for good.
+    /// The three are checked first ([`PoolLayout::payload_range`]), and fewer than `slots`
+    /// payloads may be held already; anything else is a *peer* [`PoolError`] that fails the
+    /// reader for good.
     ///
     /// The `Bytes` are the peer's memory: it can change them at any time. Treat them as
     /// untrusted and unstable (copy before validating what matters).
-    pub fn take(&mut self, slot: SlotId, len: u32) -> Result<Bytes, PoolError> {
+    pub fn take(&mut self, slot: SlotId, offset: u32, len: u32) -> Result<Bytes, PoolError> {
         if let Some(e) = self.failed {
             return Err(e);
         }
-        let range = match self.layout.payload_range(slot, len) {
+        let range = match self.layout.payload_range(slot, offset, len) {
             Ok(r) => r,
             Err(e) => return Err(self.fail(e)),
         };
-        if self.held[slot.index()] {
-            return Err(self.fail(PoolError::SlotHeld(slot)));
+        if self.held >= self.layout.slots {
+            return Err(self.fail(PoolError::TooManyHeld(slot)));
         }
         let Some(bytes) = self.region.peer_bytes(self.base + range.start, range.len()) else {
             // `new` checked that the region holds the whole layout: cannot happen.
@@ -532,7 +687,7 @@ impl PoolReader {
                 need: range.end,
             }));
         };
-        self.held[slot.index()] = true;
+        self.held += 1;
         Ok(Bytes::from_owner(Loan {
             bytes,
             slot,
@@ -554,7 +709,7 @@ impl PoolReader {
         let mut n = 0;
         for o in out.iter_mut() {
             let Some(slot) = q.pop_front() else { break };
-            self.held[slot.index()] = false;
+            self.held -= 1;
             *o = slot;
             n += 1;
         }
@@ -566,9 +721,9 @@ impl PoolReader {
         self.returns.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    /// Slots handed out and not yet popped from the return queue.
+    /// Payloads handed out and not yet popped from the return queue.
     pub fn held(&self) -> usize {
-        self.held.iter().filter(|h| **h).count()
+        self.held
     }
 
     /// The pool's layout.
@@ -757,7 +912,7 @@ mod tests {
             tx.write(s, &[0xee; 128]).unwrap();
             let want = pattern(len, n as u8);
             tx.write(s, &want).unwrap();
-            let got = rx.take(s, len as u32).unwrap();
+            let got = rx.take(s, 0, len as u32).unwrap();
             assert_eq!(&got[..], &want[..], "length {len}");
             drop(got);
             let mut back = [SlotId::new(0); 2];
@@ -796,34 +951,55 @@ mod tests {
                 },
             ),
         ];
+        // A payload that starts inside the slot and ends past it (no sum may wrap).
+        for (offset, len) in [(1, 128), (128, 1), (65, 64), (u32::MAX, 1)] {
+            let want = PoolError::PastSlotEnd {
+                offset,
+                len,
+                slot_bytes: 128,
+            };
+            let (_tx, mut rx) = pair(4, 128);
+            assert_eq!(rx.take(SlotId::new(1), offset, len), Err(want));
+            assert_eq!(rx.take(SlotId::new(0), 0, 1), Err(want), "sticks");
+        }
         for (slot, len, want) in cases {
             let (_tx, mut rx) = pair(4, 128);
-            assert_eq!(rx.take(SlotId::new(slot), len), Err(want));
-            assert_eq!(rx.take(SlotId::new(0), 1), Err(want), "sticks");
+            assert_eq!(rx.take(SlotId::new(slot), 0, len), Err(want));
+            assert_eq!(rx.take(SlotId::new(0), 0, 1), Err(want), "sticks");
             assert_eq!(rx.failed(), Some(want));
             assert_eq!(rx.held(), 0);
         }
         // The last byte of the last slot is in range.
         let (_tx, mut rx) = pair(4, 128);
-        assert_eq!(rx.take(SlotId::new(3), 128).unwrap().len(), 128);
+        assert_eq!(rx.take(SlotId::new(3), 0, 128).unwrap().len(), 128);
     }
 
     #[test]
-    fn a_slot_named_again_before_its_return_is_refused() {
+    fn a_slot_may_be_held_several_times_but_never_more_payloads_than_slots() {
+        // An application's send buffer sent twice before its first send came back: the same
+        // slot, held twice, returned twice.
         let (_tx, mut rx) = pair(4, 64);
-        let held = rx.take(SlotId::new(1), 8).unwrap();
-        let want = PoolError::SlotHeld(SlotId::new(1));
-        assert_eq!(rx.take(SlotId::new(1), 8), Err(want));
-        assert_eq!(rx.take(SlotId::new(2), 8), Err(want), "sticks");
-        drop(held);
-        // Queued for return but not popped: still this side's until it is sent back.
-        let (_tx, mut rx) = pair(4, 64);
-        drop(rx.take(SlotId::new(1), 8).unwrap());
-        assert_eq!(rx.pending_returns(), 1);
-        assert_eq!(
-            rx.take(SlotId::new(1), 8),
-            Err(PoolError::SlotHeld(SlotId::new(1)))
-        );
+        let a = rx.take(SlotId::new(1), 0, 8).unwrap();
+        let b = rx.take(SlotId::new(1), 8, 8).unwrap();
+        let c = rx.take(SlotId::new(2), 0, 8).unwrap();
+        // Queued for return but not popped: still counted until it is sent back.
+        drop(rx.take(SlotId::new(1), 0, 8).unwrap());
+        assert_eq!((rx.held(), rx.pending_returns()), (4, 1));
+        let want = PoolError::TooManyHeld(SlotId::new(3));
+        assert_eq!(rx.take(SlotId::new(3), 0, 8), Err(want));
+        drop((a, b, c));
+        assert_eq!(rx.take(SlotId::new(0), 0, 8), Err(want), "sticks");
+    }
+
+    #[test]
+    fn a_popped_return_makes_room_for_another_payload() {
+        let (_tx, mut rx) = pair(2, 64);
+        drop(rx.take(SlotId::new(1), 0, 8).unwrap());
+        let _held = rx.take(SlotId::new(1), 0, 8).unwrap();
+        let mut back = [SlotId::new(0); 2];
+        assert_eq!(rx.pop_returns(&mut back), 1);
+        assert_eq!(rx.held(), 1);
+        assert_eq!(&rx.take(SlotId::new(0), 56, 8).unwrap()[..], &[0u8; 8][..]);
     }
 
     #[test]
@@ -831,7 +1007,7 @@ mod tests {
         let (mut tx, mut rx) = pair(4, 64);
         let s = tx.alloc().unwrap();
         tx.write(s, b"hello, world").unwrap();
-        let whole = rx.take(s, 12).unwrap();
+        let whole = rx.take(s, 0, 12).unwrap();
         let part = whole.slice(7..);
         let clone = whole.clone();
         let mut out = [SlotId::new(99); 4];
@@ -853,7 +1029,7 @@ mod tests {
         tx.release(s).unwrap();
         assert_eq!(tx.alloc(), Some(s));
         tx.write(s, b"again").unwrap();
-        assert_eq!(&rx.take(s, 5).unwrap()[..], b"again");
+        assert_eq!(&rx.take(s, 0, 5).unwrap()[..], b"again");
     }
 
     #[test]
@@ -870,8 +1046,8 @@ mod tests {
         let (a, b) = (tx.alloc().unwrap(), tx.alloc().unwrap());
         tx.write(a, b"a").unwrap();
         tx.write(b, b"b").unwrap();
-        let pa = rx.take(a, 1).unwrap();
-        let pb = rx.take(b, 1).unwrap();
+        let pa = rx.take(a, 0, 1).unwrap();
+        let pb = rx.take(b, 0, 1).unwrap();
         let pa2 = pa.clone();
         drop(pa);
         assert_eq!(
@@ -889,7 +1065,7 @@ mod tests {
     fn returns_come_out_in_drop_order_and_pop_takes_at_most_what_fits() {
         let (_tx, mut rx) = pair(8, 64);
         let views: Vec<Bytes> = (0..5)
-            .map(|s| rx.take(SlotId::new(s), 1).unwrap())
+            .map(|s| rx.take(SlotId::new(s), 0, 1).unwrap())
             .collect();
         for i in [3, 0, 4, 1, 2] {
             drop(views[i].clone());
@@ -910,7 +1086,7 @@ mod tests {
         let (mut tx, mut rx) = pair(2, 64);
         let s = tx.alloc().unwrap();
         tx.write(s, b"still here").unwrap();
-        let view = rx.take(s, 10).unwrap();
+        let view = rx.take(s, 0, 10).unwrap();
         drop((tx, rx));
         assert_eq!(&view[..], b"still here");
         // The return queue outlives the reader too: dropping the view does not panic.

@@ -13,7 +13,7 @@
 //!
 //! This module holds the crate's `unsafe` code: `mmap`, `munmap`, viewing the mapping as
 //! atomics, and viewing a range of it as bytes ([`PeerBytes`], for payloads handed out without
-//! a copy).
+//! a copy; `SlotBytes`, for send buffers in this side's own pool).
 
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
@@ -265,6 +265,53 @@ impl AsRef<[u8]> for PeerBytes {
                 self.len,
             )
         }
+    }
+}
+
+/// A slot of this process's **own** pool as bytes to write and read: the memory behind an
+/// application's send buffer ([`crate::pool::lend`]), `len` words from word `start` of `words`.
+///
+/// The pool makes one only for a slot it has taken off its free list for that buffer, and
+/// neither writes nor reads the slot any other way until the buffer is dropped and the slot
+/// is free again: within this process the view is the slot's one user. The peer maps the
+/// same memory and could write it (a hostile peer may scribble on this side's region); that
+/// changes only the bytes this side sends it, never anything this side decides.
+pub(crate) struct SlotBytes<R> {
+    words: R,
+    start: usize,
+    len: usize,
+}
+
+impl<R: Deref<Target = [AtomicU64]>> SlotBytes<R> {
+    /// Words `start..start + len` of `words`; `None` unless all are inside.
+    pub(crate) fn new(words: R, start: usize, len: usize) -> Option<SlotBytes<R>> {
+        let end = start.checked_add(len)?;
+        (end <= words.len()).then_some(SlotBytes { words, start, len })
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        self.words[self.start..self.start + self.len]
+            .as_ptr()
+            .cast::<u8>()
+            .cast_mut()
+    }
+
+    /// The slot's bytes.
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        // SAFETY: the words are inside `self.words` (checked by `new`), which keeps them
+        // mapped while this borrow lives; `u8` needs no alignment and takes any bit pattern;
+        // `AtomicU64` is an `UnsafeCell`, so bytes of it may be read through this pointer, and
+        // nothing else in this process writes the slot while the view lives (the type's docs).
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len * 8) }
+    }
+
+    /// The slot's bytes, to write.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; the `&mut self` borrow makes this the only reference
+        // through the view, and no other code in this process reads or writes the slot while
+        // the view lives, so the exclusive slice aliases nothing (writes through an
+        // `UnsafeCell`'s memory are allowed).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len * 8) }
     }
 }
 

@@ -36,8 +36,8 @@ use tokio::net::UnixStream;
 
 /// The hello's first four bytes.
 pub const MAGIC: [u8; 4] = *b"TSHM";
-/// The set-up's version.
-pub const VERSION: u16 = 2;
+/// The set-up's version (3: a payload in a slot may start at an offset, [`crate::msg`]).
+pub const VERSION: u16 = 3;
 /// Bytes in a hello.
 pub const HELLO_LEN: usize = 32;
 

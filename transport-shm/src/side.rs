@@ -154,7 +154,7 @@ mod tests {
         assert!(ret_tx.try_push(&[2; 64]).unwrap());
         assert_eq!(data_rx.try_pop().unwrap(), Some([1; 64]));
         assert_eq!(ret_rx.try_pop().unwrap(), Some([2; 64]));
-        assert_eq!(&pool_rx.take(slot, 7).unwrap()[..], b"payload");
+        assert_eq!(&pool_rx.take(slot, 0, 7).unwrap()[..], b"payload");
         // A region too small for the layout has no parts.
         let (small, _fd) = Region::create("small", side.bytes() - 64).unwrap();
         assert!(side.parts(&small).is_none());

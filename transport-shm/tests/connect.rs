@@ -1,24 +1,17 @@
 //! A listener and clients in one runtime: set-ups over transport-uds's socket, its socket file,
 //! refused uids, and peers that send no hello.
 
-use std::future::Future;
+mod common;
+
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::{bounded, WAIT};
 use tokio::io::AsyncWriteExt;
 use transport_shm::connect::{connect, Connected, ShmError, ShmListener, UdsConfig};
 use transport_shm::ring::{Consumer, Producer, ENTRY_BYTES};
 use transport_shm::setup::{Hello, Limits, SetupError};
-
-/// The bound on every wait: generous, since only a broken test waits that long.
-const WAIT: Duration = Duration::from_secs(10);
-
-async fn bounded<T>(what: &str, f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, f)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: not done within {WAIT:?}"))
-}
 
 fn limits(timeout: Duration) -> Limits {
     Limits {

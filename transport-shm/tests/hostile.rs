@@ -1,31 +1,26 @@
 //! A raw peer that writes what it likes into the memory it shares: every case ends in a
 //! typed error (or the message it should), within a bounded time, never a panic or a hang.
 
-use std::future::Future;
+mod common;
+
 use std::io::Write;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::bounded;
 use transport_core::{
     Connection, HeaderBytes, Listener, MessageReceiver, Transport, TransportError,
 };
 use transport_shm::conn::{ShmConfig, ShmFailure, ShmReceiver};
 use transport_shm::connect::connect;
 use transport_shm::msg::{Encoder, MsgLimits};
+use transport_shm::pool::PoolError;
 use transport_shm::region::Region;
 use transport_shm::region::Words;
 use transport_shm::ring::{Producer, ENTRY_BYTES};
 use transport_shm::setup::{Established, Hello};
 use transport_shm::side::SideLayout;
 use transport_shm::ShmTransport;
-
-const WAIT: Duration = Duration::from_secs(20);
-
-async fn bounded<T>(what: &str, f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, f)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: not done within {WAIT:?}"))
-}
 
 /// The raw peer: its set-up, the data ring it writes, and its socket for doorbells.
 struct Raw {
@@ -149,6 +144,58 @@ async fn a_slot_outside_the_peers_pool_is_a_typed_failure() {
     );
     // The failure sticks.
     assert!(rx.recv().await.is_err());
+}
+
+/// A kind-2 entry: `len` bytes at `offset` in `slot` of the raw peer's pool, no header.
+fn in_slot(slot: u32, offset: u32, len: u32) -> [u8; ENTRY_BYTES] {
+    let mut e = [0u8; ENTRY_BYTES];
+    e[0] = 2;
+    e[4..8].copy_from_slice(&len.to_le_bytes());
+    e[8..12].copy_from_slice(&slot.to_le_bytes());
+    e[12..16].copy_from_slice(&offset.to_le_bytes());
+    e
+}
+
+#[tokio::test]
+async fn a_payload_past_the_end_of_its_slot_is_a_typed_failure() {
+    let config = ShmConfig::with_max_message_size(64 << 10);
+    let slot_bytes = config.slot_bytes;
+    let (mut raw, mut rx, _dir) = raw_peer(config).await;
+    // In range alone, but not together: 100 bytes starting 50 before the slot's end.
+    raw.push(&in_slot(0, slot_bytes - 50, 100));
+    raw.ring_doorbell();
+    let err = bounded("recv", rx.recv()).await.unwrap_err();
+    assert!(
+        matches!(shm_failure(&err), Some(ShmFailure::Msg(_))),
+        "{err}"
+    );
+    assert!(rx.recv().await.is_err(), "sticks");
+}
+
+#[tokio::test]
+async fn a_peer_naming_more_payloads_than_its_slots_is_a_typed_failure() {
+    let config = ShmConfig::with_max_message_size(64 << 10);
+    let slots = config.pool_slots;
+    let (mut raw, mut rx, _dir) = raw_peer(config).await;
+    // An honest sender has at most a pool's worth of sends outstanding; this one names the
+    // same slot once more while the application here holds every payload.
+    for _ in 0..=slots {
+        raw.push(&in_slot(0, 0, 2000));
+    }
+    raw.ring_doorbell();
+    let mut held = Vec::new();
+    for _ in 0..slots {
+        held.push(bounded("recv", rx.recv()).await.unwrap().unwrap());
+    }
+    let err = bounded("recv", rx.recv()).await.unwrap_err();
+    assert!(
+        matches!(
+            shm_failure(&err),
+            Some(ShmFailure::Pool(PoolError::TooManyHeld(_)))
+        ),
+        "{err}"
+    );
+    assert!(held.iter().all(|m| m.payload.len() == 2000));
 }
 
 #[tokio::test]

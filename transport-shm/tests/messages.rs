@@ -2,72 +2,16 @@
 //! in slots, sleeping and waking, slots lent and returned, close, a peer that goes, a message
 //! above the receiver's limit (a raw peer that writes what it likes: tests/hostile.rs).
 
-use std::future::Future;
+mod common;
+
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::{bounded, header, pair, pattern, sleepy};
 use transport_core::{
-    Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport,
-    TransportError,
+    Connection, HeaderBytes, Message, MessageReceiver, MessageSender, TransportError,
 };
-use transport_shm::conn::{ShmConfig, ShmConnection};
-use transport_shm::ShmTransport;
-
-/// The bound on every wait: generous, since only a broken test waits that long.
-const WAIT: Duration = Duration::from_secs(20);
-
-async fn bounded<T>(what: &str, f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, f)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: not done within {WAIT:?}"))
-}
-
-/// A connected pair (client, server) on a fresh socket path, with each side's settings.
-async fn pair(
-    client: ShmConfig,
-    server: ShmConfig,
-) -> (ShmConnection, ShmConnection, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let addr = dir
-        .path()
-        .join("shm.sock")
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut listener = ShmTransport::new(server)
-        .listen(&addr)
-        .await
-        .expect("listen");
-    let (c, s) = bounded(
-        "connect and accept",
-        futures_join(ShmTransport::new(client).connect(&addr), listener.accept()),
-    )
-    .await;
-    (c.expect("connect"), s.expect("accept"), dir)
-}
-
-async fn futures_join<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
-    tokio::join!(a, b)
-}
-
-fn header(b: &[u8]) -> HeaderBytes {
-    HeaderBytes::new(b).unwrap()
-}
-
-fn pattern(n: usize, seed: u8) -> Bytes {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
-/// Settings that never spin: every wait is a sleep on the doorbell.
-fn sleepy(max: usize) -> ShmConfig {
-    ShmConfig {
-        spin: Duration::ZERO,
-        ..ShmConfig::with_max_message_size(max)
-    }
-}
+use transport_shm::conn::ShmConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_of_every_size_cross_inline_and_in_slots_bit_for_bit() {
