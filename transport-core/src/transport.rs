@@ -91,6 +91,14 @@ pub trait MessageSender: Send + 'static {
     /// Cancel safety: if the future is dropped, the messages still in `msgs` were not taken
     /// (they can be sent again); the one being sent at that moment follows `send`'s rule.
     /// The default sends them one by one and takes each out of `msgs` only when it starts.
+    ///
+    /// **Backends whose `send` may wait before taking its message** (for credits, ring room
+    /// or free slots, as verbs and shm do) must override this: dropped while such a `send`
+    /// waits, the default loses the message it took out of `msgs` but `send` never took. The
+    /// default cannot keep it in `msgs` instead, since a `send` that did take it finishes it
+    /// with the next operation and it would go twice. Every backend in this workspace has its
+    /// own (`raw_send_batch_dropped_at_any_poll_loses_nothing` in the conformance suite checks
+    /// it).
     fn send_batch(
         &mut self,
         msgs: &mut Vec<Message>,
