@@ -30,14 +30,15 @@
 //! above this side's limit is skipped (its slot returned) with the same error on receive, and
 //! the connection goes on. A heap payload is copied once into the sender's slot; one the
 //! application wrote in a buffer of [`MessageSender::buffer_pool`] (a free slot of the
-//! sender's pool, [`crate::pool::lend`]) is named where it lies, without a copy. Slots go back when the application drops
-//! their payloads and this side's receiving half runs (a `recv` in progress is woken for it):
-//! an application that keeps payloads, or stops receiving, holds the peer's sends back once
-//! the peer's pool is lent out.
+//! sender's pool, [`crate::pool::lend`]) is named where it lies, without a copy. A slot goes
+//! back as the application drops the last view of its payload, on the thread that drops it,
+//! whether or not the receiving half runs (so a side that holds payloads while it only sends
+//! cannot wait for slots its peer waits for in turn); an application that keeps payloads
+//! holds the peer's sends back once the peer's pool is lent out.
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{send, MsgFlags};
@@ -53,7 +54,7 @@ use crate::msg::{
     MsgLimits, RETURNS_PER_ENTRY,
 };
 use crate::pool::lend::SlotLender;
-use crate::pool::{PoolError, PoolReader, PoolWriter, SlotId};
+use crate::pool::{PoolError, PoolReader, PoolWriter, Returns, SlotId};
 use crate::region::Words;
 use crate::ring::{Consumer, Producer, RingError, ENTRY_BYTES};
 use crate::setup::{Established, Hello, Limits, SetupError};
@@ -477,14 +478,26 @@ impl ShmConnection {
         let mut reader =
             PoolReader::new_at(est.theirs.clone(), theirs.pool_offset(), theirs.pool())
                 .map_err(pool)?;
-        let hook_bell = bell.clone();
-        reader.on_return(Arc::new(move || hook_bell.data.notify_one()));
+        let back = Arc::new(ReturnPath {
+            ring: Mutex::new(Producer::new(my_parts.returns, mine.returns()).map_err(ring)?),
+            queue: reader.returns(),
+            failed: OnceLock::new(),
+            bell: bell.clone(),
+            metrics: metrics.clone(),
+        });
+        // A slot goes back as its last view drops, on whatever thread drops it, whether or not
+        // this side's receiving half runs; not once the half is gone.
+        let weak = Arc::downgrade(&back);
+        reader.on_return(Arc::new(move || {
+            if let Some(back) = weak.upgrade() {
+                back.flush();
+            }
+        }));
         let receiver = ShmReceiver {
             data: Consumer::new(their_parts.data, theirs.data()).map_err(ring)?,
             dec: Decoder::new(theirs_in, theirs.pool(), mine.pool()),
             pool: reader,
-            returns: Producer::new(my_parts.returns, mine.returns()).map_err(ring)?,
-            back: [SlotId::new(0); RETURNS_PER_ENTRY],
+            back,
             bell,
             max_message_size: config.max_message_size,
             spin: Spin::new(spin),
@@ -825,6 +838,59 @@ impl Drop for ShmSender {
     }
 }
 
+/// This side's return ring, on which the peer's slots go back: shared by the receiving half
+/// and the payloads it lent (through the pool's return hook), so that a slot goes back when its
+/// last view drops, even while the receiving half is not running (an application that sends
+/// while it holds payloads would otherwise wait for slots its peer waits for too).
+#[derive(Debug)]
+struct ReturnPath {
+    ring: Mutex<Producer<Words>>,
+    queue: Returns,
+    /// How the peer broke the return ring: the receiving half fails at its next look.
+    failed: OnceLock<RingError>,
+    bell: Arc<Bell>,
+    metrics: Arc<Metrics>,
+}
+
+impl ReturnPath {
+    /// Pushes the slots whose payloads were dropped, as many as the ring has room for (all of
+    /// them, unless the peer stopped taking returns: an honest peer leaves room for a return
+    /// of every slot it lends), and wakes the peer's sending half if it sleeps waiting for
+    /// them. What is left waits for the next drop.
+    fn flush(&self) {
+        let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let mut back = [SlotId::new(0); RETURNS_PER_ENTRY];
+        let mut pushed = false;
+        loop {
+            match ring.room() {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    let _ = self.failed.set(e);
+                    break;
+                }
+            }
+            let n = self.queue.pop(&mut back);
+            if n == 0 {
+                break;
+            }
+            let mut entry = [0u8; ENTRY_BYTES];
+            encode_returns(&back[..n], &mut entry);
+            match ring.try_push(&entry) {
+                Ok(true) => pushed = true,
+                Ok(false) => unreachable!("room was checked under the lock"),
+                Err(e) => {
+                    let _ = self.failed.set(e);
+                    break;
+                }
+            }
+        }
+        if pushed && ring.should_wake() {
+            self.bell.ring(SLOTS, &self.metrics);
+        }
+    }
+}
+
 /// The receiving half of a shared-memory connection.
 #[derive(Debug)]
 pub struct ShmReceiver {
@@ -833,8 +899,7 @@ pub struct ShmReceiver {
     /// The peer's pool, whose payloads this half hands out.
     pool: PoolReader,
     /// This side's return ring: the peer's slots going back.
-    returns: Producer<Words>,
-    back: [SlotId; RETURNS_PER_ENTRY],
+    back: Arc<ReturnPath>,
     bell: Arc<Bell>,
     max_message_size: usize,
     spin: Spin,
@@ -862,36 +927,11 @@ impl ShmReceiver {
         TransportError::Failed(e)
     }
 
-    /// Sends back the slots whose payloads were dropped, as many as the return ring takes.
-    fn send_returns(&mut self) -> Result<(), TransportError> {
-        let mut pushed = false;
-        loop {
-            match self.returns.room() {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) => return Err(self.fail(e.into())),
-            }
-            let n = self.pool.pop_returns(&mut self.back);
-            if n == 0 {
-                break;
-            }
-            let mut entry = [0u8; ENTRY_BYTES];
-            encode_returns(&self.back[..n], &mut entry);
-            match self.returns.try_push(&entry) {
-                Ok(true) => pushed = true,
-                Ok(false) => unreachable!("room was checked"),
-                Err(e) => return Err(self.fail(e.into())),
-            }
-        }
-        if pushed && self.returns.should_wake() {
-            self.bell.ring(SLOTS, &self.metrics);
-        }
-        Ok(())
-    }
-
-    /// One look: returns what is due, then the next whole message if its entries are there.
+    /// One look: the next whole message if its entries are there.
     fn look(&mut self) -> Result<Found, TransportError> {
-        self.send_returns()?;
+        if let Some(e) = self.back.failed.get() {
+            return Err(self.fail(ShmFailure::Ring(*e)));
+        }
         loop {
             let entry = match self.data.try_pop() {
                 Ok(Some(e)) => e,
@@ -932,7 +972,6 @@ impl ShmReceiver {
             if len > self.max_message_size {
                 // Skipped: its slot goes back as the payload drops here.
                 drop(payload);
-                self.send_returns()?;
                 return Ok(Found::TooLarge(TransportError::MessageTooLarge {
                     len: len as u64,
                     max: self.max_message_size as u64,

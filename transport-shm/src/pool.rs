@@ -546,7 +546,53 @@ impl<R: Deref<Target = [AtomicU64]> + Clone + Send + Sync + 'static> PoolWriter<
 
 /// Slots whose last view was dropped, waiting to be sent back. Shared between the reader and
 /// the owners of the views it handed out (which may be dropped on any thread).
-type ReturnQueue = Arc<Mutex<VecDeque<SlotId>>>;
+type ReturnQueue = Arc<Mutex<Back>>;
+
+/// What [`ReturnQueue`] guards.
+#[derive(Debug)]
+struct Back {
+    /// Slots whose last view was dropped, oldest first.
+    queue: VecDeque<SlotId>,
+    /// Payloads handed out whose return has not been popped yet: the application holds a
+    /// view, or the slot waits in `queue`. At most `slots` (a slot may be named by several at
+    /// once: an application's buffer sent again before its first send came back).
+    held: usize,
+}
+
+fn lock_back(q: &Mutex<Back>) -> std::sync::MutexGuard<'_, Back> {
+    // A panic elsewhere while the lock was held cannot leave the queue half-changed (a push,
+    // a pop or a count is the whole critical section): go on with it.
+    q.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A handle on a [`PoolReader`]'s return queue, for whoever sends the returns back (on any
+/// thread, also after the reader is gone): [`PoolReader::returns`].
+#[derive(Debug, Clone)]
+pub struct Returns(ReturnQueue);
+
+impl Returns {
+    /// Moves up to `out.len()` slots whose views are all dropped into `out`, oldest first, and
+    /// returns how many. They are no longer held: the caller must send them back to the peer
+    /// (as ring entries, [`crate::msg::encode_returns`]).
+    pub fn pop(&self, out: &mut [SlotId]) -> usize {
+        let mut back = lock_back(&self.0);
+        let mut n = 0;
+        for o in out.iter_mut() {
+            let Some(slot) = back.queue.pop_front() else {
+                break;
+            };
+            back.held -= 1;
+            *o = slot;
+            n += 1;
+        }
+        n
+    }
+
+    /// Slots waiting in the queue.
+    pub fn pending(&self) -> usize {
+        lock_back(&self.0).queue.len()
+    }
+}
 
 /// The owner behind a payload's [`Bytes`]: the bytes in the peer's pool, kept mapped, and the
 /// slot to return when the last view goes.
@@ -568,13 +614,9 @@ impl AsRef<[u8]> for Loan {
 
 impl Drop for Loan {
     fn drop(&mut self) {
-        // A panic elsewhere while the lock was held cannot leave the queue half-changed (a
-        // push or a pop is the whole critical section): go on with it.
-        let mut q = self.returns.lock().unwrap_or_else(|e| e.into_inner());
         // The reader holds at most `slots` payloads at once, so the queue's capacity
         // (`slots`) is never exceeded: no allocation here.
-        q.push_back(self.slot);
-        drop(q);
+        lock_back(&self.returns).queue.push_back(self.slot);
         if let Some(hook) = &self.hook {
             hook();
         }
@@ -592,10 +634,7 @@ pub struct PoolReader {
     /// Where the pool starts in `region`, in bytes.
     base: usize,
     layout: PoolLayout,
-    /// Payloads handed out whose return has not been popped yet: the application holds a
-    /// view, or the slot waits in `returns`. At most `slots` (a slot may be named by several
-    /// at once: an application's buffer sent again before its first send came back).
-    held: usize,
+    /// The return queue and the count of payloads held ([`Back`]).
     returns: ReturnQueue,
     hook: Option<ReturnHook>,
     failed: Option<PoolError>,
@@ -651,8 +690,10 @@ impl PoolReader {
             region,
             base,
             layout,
-            held: 0,
-            returns: Arc::new(Mutex::new(VecDeque::with_capacity(layout.slots))),
+            returns: Arc::new(Mutex::new(Back {
+                queue: VecDeque::with_capacity(layout.slots),
+                held: 0,
+            })),
             hook: None,
             failed: None,
         })
@@ -677,9 +718,6 @@ impl PoolReader {
             Ok(r) => r,
             Err(e) => return Err(self.fail(e)),
         };
-        if self.held >= self.layout.slots {
-            return Err(self.fail(PoolError::TooManyHeld(slot)));
-        }
         let Some(bytes) = self.region.peer_bytes(self.base + range.start, range.len()) else {
             // `new` checked that the region holds the whole layout: cannot happen.
             return Err(self.fail(PoolError::RegionTooSmall {
@@ -687,7 +725,15 @@ impl PoolReader {
                 need: range.end,
             }));
         };
-        self.held += 1;
+        let counted = {
+            let mut back = lock_back(&self.returns);
+            let room = back.held < self.layout.slots;
+            back.held += usize::from(room);
+            room
+        };
+        if !counted {
+            return Err(self.fail(PoolError::TooManyHeld(slot)));
+        }
         Ok(Bytes::from_owner(Loan {
             bytes,
             slot,
@@ -702,28 +748,25 @@ impl PoolReader {
     }
 
     /// Moves up to `out.len()` slots whose views are all dropped into `out`, oldest first, and
-    /// returns how many. They are no longer held here: the caller must send them back to the
-    /// peer (as ring entries, [`crate::msg::encode_returns`]).
+    /// returns how many ([`Returns::pop`]).
     pub fn pop_returns(&mut self, out: &mut [SlotId]) -> usize {
-        let mut q = self.returns.lock().unwrap_or_else(|e| e.into_inner());
-        let mut n = 0;
-        for o in out.iter_mut() {
-            let Some(slot) = q.pop_front() else { break };
-            self.held -= 1;
-            *o = slot;
-            n += 1;
-        }
-        n
+        Returns(self.returns.clone()).pop(out)
+    }
+
+    /// A handle on the return queue, to send returns back from any thread (for example from
+    /// the [`PoolReader::on_return`] hook, as the transport does).
+    pub fn returns(&self) -> Returns {
+        Returns(self.returns.clone())
     }
 
     /// Slots waiting in the return queue.
     pub fn pending_returns(&self) -> usize {
-        self.returns.lock().unwrap_or_else(|e| e.into_inner()).len()
+        lock_back(&self.returns).queue.len()
     }
 
     /// Payloads handed out and not yet popped from the return queue.
     pub fn held(&self) -> usize {
-        self.held
+        lock_back(&self.returns).held
     }
 
     /// The pool's layout.
@@ -1037,10 +1080,10 @@ mod tests {
         use std::sync::atomic::AtomicUsize;
         let (mut tx, mut rx) = pair(4, 64);
         let calls = Arc::new(AtomicUsize::new(0));
-        let (counted, queue) = (calls.clone(), rx.returns.clone());
+        let (counted, queue) = (calls.clone(), rx.returns());
         rx.on_return(Arc::new(move || {
             // The slot is in the queue by the time the hook runs.
-            assert!(!queue.lock().unwrap().is_empty());
+            assert!(queue.pending() > 0);
             counted.fetch_add(1, Ordering::SeqCst);
         }));
         let (a, b) = (tx.alloc().unwrap(), tx.alloc().unwrap());

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{bounded, header, pair, pattern, sleepy};
+use futures_util::FutureExt;
 use transport_core::{
     Connection, HeaderBytes, Message, MessageReceiver, MessageSender, TransportError,
 };
@@ -165,6 +166,39 @@ async fn many_large_messages_pass_through_a_small_pool() {
     }
     assert!(bounded("the end", srx.recv()).await.unwrap().is_none());
     bounded("sender", sender).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dropped_payload_goes_back_though_the_receiving_half_is_not_running() {
+    // The shape of a deadlock: a side that holds what it received and then only sends waits
+    // for slots of its own that the peer cannot return while the peer waits, in turn, for
+    // the slots this side holds. A slot must go back when its payload drops, not at this
+    // side's next recv.
+    let config = sleepy(64 << 10);
+    let slots = config.pool_slots as usize;
+    let (c, s, _dir) = pair(config.clone(), config).await;
+    let (mut tx, _crx) = c.split();
+    let (_stx, mut srx) = s.split();
+    let big = |i: usize| Message::new(HeaderBytes::EMPTY, pattern(10_000, i as u8));
+    let mut held = Vec::new();
+    for i in 0..slots {
+        bounded("send", tx.send(big(i))).await.unwrap();
+        held.push(bounded("recv", srx.recv()).await.unwrap().unwrap());
+    }
+    // Every slot of the sender's pool is held: the next send waits (no spin budget, so its
+    // first poll sleeps).
+    assert!(tx.send(big(slots)).now_or_never().is_none());
+    drop(held.remove(3));
+    bounded("send after a drop alone", tx.send(big(slots)))
+        .await
+        .unwrap();
+    let m = bounded("recv", srx.recv()).await.unwrap().unwrap();
+    assert_eq!(m.payload, pattern(10_000, slots as u8));
+    assert_eq!(
+        held[3].payload,
+        pattern(10_000, 4),
+        "the others are untouched"
+    );
 }
 
 #[tokio::test]
