@@ -13,9 +13,12 @@
 //! | 9 | the consumer's sleep: odd while it sleeps | the consumer |
 //! | 16.. | `entries` slots of [`ENTRY_WORDS`] words each | the producer |
 //!
-//! The two indices are a cache line apart, so each side writes a line of its own. Indices
-//! count up from 0 and are never reduced modulo the ring's size in memory: slot `i % entries`
-//! holds entry `i`, and `tail - head` is the number of entries in the ring.
+//! The two indices are a cache line apart, so each side writes a line of its own. A consumer
+//! may store `head` only every few pops ([`Consumer::publish_every`]): its line then stays
+//! shared in both caches while messages flow, and is written only as often as the producer
+//! needs the room. Indices count up from 0 and are never reduced modulo the ring's size in
+//! memory: slot `i % entries` holds entry `i`, and `tail - head` is the number of entries in
+//! the ring (as far as the producer knows: at most that many).
 //!
 //! # Who trusts what
 //!
@@ -51,7 +54,8 @@
 //!    ([`Consumer::prepare_sleep`], [`Producer::prepare_wait_room`]); it sleeps only if there
 //!    is still nothing, and withdraws the announcement when it wakes ([`Consumer::woke`],
 //!    [`Producer::room_woke`]).
-//! 2. The other side, after publishing its index, reads the sleeper's word
+//! 2. The other side, after publishing its index (a lazy consumer: when it stores `head`, and
+//!    before it sleeps itself, [`Consumer::publish`]), reads the sleeper's word
 //!    ([`Producer::should_wake`], [`Consumer::should_signal_room`]) and rings the doorbell
 //!    when the sleeper announced a sleep it has not rung for yet: once per sleep, however
 //!    many entries it pushes meanwhile.
@@ -305,11 +309,18 @@ pub struct Consumer<R> {
     sleeps: u64,
     /// The producer's wait count this side last rang the doorbell for.
     rang_for: u64,
+    /// The `head` last stored in the region.
+    published: u64,
+    /// Pops after which `head` is stored ([`Consumer::publish_every`]).
+    publish_every: u64,
+    /// A `head` was stored since [`Consumer::should_signal_room`] last looked.
+    unchecked: bool,
     failed: Option<RingError>,
 }
 
 impl<R: Deref<Target = [AtomicU64]>> Consumer<R> {
-    /// The consumer of a ring in `region`, which starts empty: stores `head` = 0.
+    /// The consumer of a ring in `region`, which starts empty: stores `head` = 0. It stores
+    /// `head` after every pop (see [`Consumer::publish_every`]).
     pub fn new(region: R, layout: RingLayout) -> Result<Consumer<R>, RingError> {
         layout.check(&region)?;
         region[HEAD].store(0, Ordering::Release);
@@ -321,8 +332,23 @@ impl<R: Deref<Target = [AtomicU64]>> Consumer<R> {
             tail: 0,
             sleeps: 0,
             rang_for: 0,
+            published: 0,
+            publish_every: 1,
+            unchecked: false,
             failed: None,
         })
+    }
+
+    /// Stores `head` only every `pops` pops (at least 1, at most a quarter of the ring), and
+    /// when [`Consumer::publish`] is called (before sleeping). The producer
+    /// then sees up to `pops - 1` fewer free slots than there are, and the cache line
+    /// holding `head` (and this side's sleep word, which the producer reads after every push)
+    /// is not written on every message: in a ping-pong across CPUs it stays in both caches
+    /// instead of moving to this side and back for every message each way.
+    pub fn publish_every(mut self, pops: usize) -> Consumer<R> {
+        let most = (self.layout.entries / 4).max(1);
+        self.publish_every = pops.clamp(1, most) as u64;
+        self
     }
 
     /// The next entry, copied out of the ring (its slot is free again for the producer);
@@ -341,8 +367,27 @@ impl<R: Deref<Target = [AtomicU64]>> Consumer<R> {
             bytes.copy_from_slice(&word.load(Ordering::Relaxed).to_ne_bytes());
         }
         self.head += 1;
-        self.region[HEAD].store(self.head, Ordering::Release);
+        if self.head - self.published >= self.publish_every {
+            self.store_head();
+        }
         Ok(Some(entry))
+    }
+
+    fn store_head(&mut self) {
+        self.region[HEAD].store(self.head, Ordering::Release);
+        self.published = self.head;
+        self.unchecked = true;
+    }
+
+    /// Stores `head` if pops since the last store have not been, and says whether the
+    /// producer waits for room and must be woken ([`Consumer::should_signal_room`]). Call it
+    /// before [`Consumer::prepare_sleep`] (a producer waiting for room this side withholds
+    /// would otherwise wait as long as this side sleeps).
+    pub fn publish(&mut self) -> bool {
+        if self.published != self.head {
+            self.store_head();
+        }
+        self.should_signal_room()
     }
 
     /// Reads the producer's `tail` once and checks it: whether an entry is there now.
@@ -399,8 +444,12 @@ impl<R: Deref<Target = [AtomicU64]>> Consumer<R> {
 
     /// After popping: whether the producer waits for room, announced a wait this side has
     /// not rung for yet, and so must be woken (the caller rings the doorbell). True once per
-    /// wait.
+    /// wait; false at no cost while no `head` was stored since the last call (the producer
+    /// cannot have seen more room meanwhile).
     pub fn should_signal_room(&mut self) -> bool {
+        if !std::mem::take(&mut self.unchecked) {
+            return false;
+        }
         // Orders this side's `head` store before the load of the producer's word.
         fence(Ordering::SeqCst);
         let waits = self.region[WAIT_ROOM].load(Ordering::Relaxed);
@@ -672,11 +721,61 @@ mod tests {
     }
 
     #[test]
+    fn a_lazy_consumer_stores_head_every_few_pops_and_before_it_sleeps() {
+        let (mut tx, rx) = pair(16);
+        let mut rx = rx.publish_every(4);
+        for n in 0..16 {
+            assert!(tx.try_push(&entry(n)).unwrap());
+        }
+        assert!(tx.prepare_wait_room(1).unwrap(), "full: the producer waits");
+        for n in 0..3 {
+            assert_eq!(rx.try_pop().unwrap(), Some(entry(n)));
+            assert!(!rx.should_signal_room(), "head not stored yet");
+        }
+        assert_eq!(tx.room().unwrap(), 0, "three pops withheld");
+        rx.try_pop().unwrap();
+        assert!(
+            rx.should_signal_room(),
+            "the fourth pop stores head: the waiter is rung"
+        );
+        assert_eq!(tx.room().unwrap(), 4);
+        tx.room_woke();
+        // Pops short of the step are stored by `publish` (before a sleep), which rings for a
+        // producer waiting meanwhile.
+        rx.try_pop().unwrap();
+        assert!(tx.try_push(&entry(16)).unwrap());
+        assert_eq!(tx.room().unwrap(), 3, "one pop withheld");
+        assert!(!rx.publish(), "nobody waits yet");
+        assert_eq!(tx.room().unwrap(), 4);
+        for n in 17..21 {
+            assert!(tx.try_push(&entry(n)).unwrap());
+        }
+        assert!(tx.prepare_wait_room(1).unwrap());
+        rx.try_pop().unwrap();
+        assert!(rx.publish(), "the pop stored at once: the waiter is rung");
+        assert!(!rx.publish(), "nothing new: no second doorbell");
+        // The step is at most a quarter of the ring, at least one pop.
+        assert_eq!(pair(16).1.publish_every(100).publish_every, 4);
+        assert_eq!(pair(2).1.publish_every(100).publish_every, 1);
+        assert_eq!(pair(16).1.publish_every(0).publish_every, 1);
+    }
+
+    #[test]
     fn two_threads_that_sleep_when_idle_lose_no_wake_up() {
+        // A small ring: the producer often finds it full and waits for room too.
+        sleepers_lose_no_wake_up(4, 1);
+    }
+
+    #[test]
+    fn two_threads_that_sleep_when_idle_lose_no_wake_up_with_a_lazy_head() {
+        sleepers_lose_no_wake_up(16, 4);
+    }
+
+    fn sleepers_lose_no_wake_up(entries: usize, publish_every: usize) {
         const N: u64 = 100_000;
         let limit = Duration::from_secs(20);
-        // A small ring: the producer often finds it full and waits for room too.
-        let (mut tx, mut rx) = pair(4);
+        let (mut tx, rx) = pair(entries);
+        let mut rx = rx.publish_every(publish_every);
         let (data_tx, data_rx) = std::sync::mpsc::channel::<()>();
         let (room_tx, room_rx) = std::sync::mpsc::channel::<()>();
         let (data_bell, room_bell) = (Bell(data_rx, limit), Bell(room_rx, limit));
@@ -708,6 +807,9 @@ mod tests {
                     }
                 }
                 None => {
+                    if rx.publish() {
+                        let _ = room_tx.send(());
+                    }
                     // Each call announces a new sleep (the last one was withdrawn or woken).
                     announced += 1;
                     if rx.prepare_sleep().unwrap() {
