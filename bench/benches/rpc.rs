@@ -8,10 +8,10 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
-use transport_core::rpc::{ClientConfig, Request, RpcClient, RpcServer, ServerConfig, Status};
 use transport_core::{
     Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport,
 };
+use transport_rpc::{ClientConfig, Request, RpcClient, RpcServer, ServerConfig, Status};
 use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
 

@@ -1,4 +1,4 @@
-//! `--rpc-io blocking`: the RPC rows measured with `transport_core::rpc::blocking` (a client
+//! `--rpc-io blocking`: the RPC rows measured with `transport_rpc::blocking` (a client
 //! blocking in `recv`, a thread per connection on the server) instead of the async client
 //! and server, in local mode on uds and tcp.
 
@@ -9,8 +9,8 @@ use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
 use std::thread::JoinHandle;
 use std::time::Duration;
-use transport_core::rpc::blocking::{BlockingConfig, BlockingServer};
-use transport_core::rpc::ServerConfig;
+use transport_rpc::blocking::{BlockingConfig, BlockingServer};
+use transport_rpc::ServerConfig;
 
 /// The accepting thread (`None`: it could not be pinned and never served).
 type Accept = JoinHandle<Option<std::io::Result<()>>>;

@@ -10,8 +10,8 @@
 use bytes::BufMut;
 use std::ffi::{c_char, c_int, c_long, CStr, CString};
 use std::time::{Duration, Instant};
-use transport_core::rpc::{CallOptions, ClientConfig, RpcClient};
 use transport_core::{Connection, MessageSender, Transport};
+use transport_rpc::{CallOptions, ClientConfig, RpcClient};
 
 // The C client calls the `tp_*` functions this crate exports: linked from its rlib.
 use transport_ffi as _;

@@ -155,7 +155,7 @@ pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) tuning: tuning::TuningArgs,
     /// How the RPC rows are measured: `async` (RpcClient and RpcServer on tokio) or
-    /// `blocking` (`transport_core::rpc::blocking`: the client blocks in recv, one call at a
+    /// `blocking` (`transport_rpc::blocking`: the client blocks in recv, one call at a
     /// time, a thread per connection on the server; local mode, uds and tcp; verbs stays
     /// async).
     #[arg(long, value_enum, default_value_t = RpcIo::Async)]

@@ -9,11 +9,11 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use transport_core::rpc::blocking::{BlockingClient, BlockingConfig, BlockingSocket};
-use transport_core::rpc::{ClientConfig, RpcClient};
 use transport_core::{
     Connection, HeaderBytes, Message, MessageReceiver, MessageSender, MetricsSnapshot, Transport,
 };
+use transport_rpc::blocking::{BlockingClient, BlockingConfig, BlockingSocket};
+use transport_rpc::{ClientConfig, RpcClient};
 
 /// What is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
@@ -63,7 +63,7 @@ pub enum RpcIo {
     /// `RpcClient` and `RpcServer` on tokio (pipelined calls, the window applies).
     #[default]
     Async,
-    /// `transport_core::rpc::blocking`: the client blocks in `recv`, one call at a time; a
+    /// `transport_rpc::blocking`: the client blocks in `recv`, one call at a time; a
     /// thread per connection on the server (uds and tcp in local mode).
     Blocking,
 }

@@ -30,11 +30,11 @@
 
 use bytes::{Buf, Bytes};
 use std::sync::{Arc, Mutex};
-use transport_core::rpc::{Request, RpcServer, ServerConfig, Status};
 use transport_core::{
     Capabilities, Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender,
     Metrics, MetricsSnapshot, TransportError,
 };
+use transport_rpc::{Request, RpcServer, ServerConfig, Status};
 
 /// The counters of every connection one bench server has served: created with the server
 /// and shared (through an `Arc`) by its connection tasks and by whoever reads its totals (the
@@ -246,12 +246,12 @@ pub async fn send_mode<S: MessageSender>(tx: &mut S, mode: &[u8]) -> Result<(), 
 /// rest of the connection.
 pub async fn rpc_client<C: Connection>(
     conn: C,
-    config: transport_core::rpc::ClientConfig,
-) -> Result<transport_core::rpc::RpcClient<C::Sender>, TransportError> {
+    config: transport_rpc::ClientConfig,
+) -> Result<transport_rpc::RpcClient<C::Sender>, TransportError> {
     let (caps, metrics, peer) = (conn.capabilities(), conn.metrics(), conn.peer());
     let (mut tx, rx) = conn.split();
     send_mode(&mut tx, MODE_RPC).await?;
-    Ok(transport_core::rpc::RpcClient::new(
+    Ok(transport_rpc::RpcClient::new(
         Presplit::new(tx, rx, caps, metrics, peer),
         config,
     ))
@@ -285,7 +285,7 @@ pub fn payload_pool() -> Bytes {
 /// Every method answers at once, so the handler computes its answer before it returns and
 /// hands back a ready future: no state machine per call and no clone of `pool` for the calls
 /// that do not use it (the raw rows pay neither).
-pub fn rpc_handler(pool: Bytes) -> impl transport_core::rpc::Handler + Clone {
+pub fn rpc_handler(pool: Bytes) -> impl transport_rpc::Handler + Clone {
     move |r: Request| {
         std::future::ready(match r.method {
             method::PING | method::SEND | method::ONEWAY => Ok(Bytes::new()),
@@ -294,14 +294,14 @@ pub fn rpc_handler(pool: Bytes) -> impl transport_core::rpc::Handler + Clone {
                 let mut p = r.payload;
                 if p.len() != 4 {
                     Err(Status::new(
-                        transport_core::rpc::code::INVALID_ARGUMENT,
+                        transport_rpc::code::INVALID_ARGUMENT,
                         "recv wants a u32 size",
                     ))
                 } else {
                     let n = p.get_u32_le() as usize;
                     if n > pool.len() {
                         Err(Status::new(
-                            transport_core::rpc::code::INVALID_ARGUMENT,
+                            transport_rpc::code::INVALID_ARGUMENT,
                             "recv size above the bench's largest payload",
                         ))
                     } else {
@@ -364,7 +364,7 @@ fn tracing_free_log(e: &TransportError) {
 
 async fn serve_connection<C: Connection>(
     conn: C,
-    rpc: RpcServer<impl transport_core::rpc::Handler>,
+    rpc: RpcServer<impl transport_rpc::Handler>,
     pool: Bytes,
 ) -> Result<(), TransportError> {
     let caps = conn.capabilities();
@@ -449,8 +449,8 @@ mod tests {
     use super::*;
     use std::net::SocketAddr;
     use std::time::Duration;
-    use transport_core::rpc::{code, ClientConfig, RpcError};
     use transport_core::Transport;
+    use transport_rpc::{code, ClientConfig, RpcError};
     use transport_tcp::TcpTransport;
 
     /// Every wait in these tests ends by then.

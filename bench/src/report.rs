@@ -583,7 +583,7 @@ impl Report {
                         String::new()
                     }
                 ),
-                crate::measure::RpcIo::Blocking => "RPC: blocking (transport_core::rpc::blocking: \
+                crate::measure::RpcIo::Blocking => "RPC: blocking (transport_rpc::blocking: \
                     the client blocks in recv, one call at a time; a thread per connection on \
                     the server; verbs rows stay async)"
                     .to_string(),

@@ -13,8 +13,8 @@ use bench::scenarios::load::{
 use bench::scenarios::typed::{elements_for, Element, Fixed, StringDouble, Structured};
 use bytes::Bytes;
 use std::net::SocketAddr;
-use transport_core::rpc::{code, ClientConfig, RpcClient, RpcError, RpcServer, ServerConfig};
 use transport_core::{Listener, Transport};
+use transport_rpc::{code, ClientConfig, RpcClient, RpcError, RpcServer, ServerConfig};
 use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
 use transport_verbs::conformance::VerbsBackend;

@@ -17,8 +17,8 @@ use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
 use tokio_util::codec::Decoder;
 use transport_core::frame::{FrameDecoder, FramePrefix};
-use transport_core::rpc::header::{Kind, RpcHeader, RPC_HEADER_LEN};
-use transport_core::rpc::{RpcServer, ServerConfig, Status};
+use transport_rpc::header::{Kind, RpcHeader, RPC_HEADER_LEN};
+use transport_rpc::{RpcServer, ServerConfig, Status};
 use transport_core::stream::{StreamConfig, StreamReceiver, StreamSender};
 use transport_core::{Capabilities, Connection, Metrics};
 
@@ -143,7 +143,7 @@ fuzz_target!(|input: Input| {
             metrics: Arc::default(),
         };
         let rpc = RpcServer::new(
-            |req: transport_core::rpc::Request| async move {
+            |req: transport_rpc::Request| async move {
                 match req.method {
                     1 => Ok(req.payload),
                     2 => Err(Status::new(7, "refused")),

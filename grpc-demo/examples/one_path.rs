@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! one_path PATH TRANSPORT CALLS
-//!   native uds|tcp   native RPC (transport_core::rpc)
+//!   native uds|tcp   native RPC (transport_rpc)
 //!   tarpc  uds|tcp   tarpc on the transport's messages (transport-tarpc)
 //!   serde  tcp       tarpc on its own serde_transport (bincode, length-delimited)
 //!   tarpc  mem       tarpc on an in-memory channel: tarpc's own work, no I/O at all

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tarpc::tokio_serde::formats::Bincode;
 use tokio::sync::oneshot;
-use transport_core::rpc::RpcServer;
 use transport_core::{Listener, Transport};
+use transport_rpc::RpcServer;
 use transport_stream::{ByteStreamConfig, StreamListener};
 use transport_tarpc::Payload;
 

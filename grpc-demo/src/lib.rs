@@ -5,7 +5,7 @@
 //!
 //! - [`grpc`]: tonic (gRPC over HTTP/2) on any `transport-core` backend through the
 //!   `transport-stream` byte-stream adapter;
-//! - [`native`]: the same service on the transport-core RPC layer ([`transport_core::rpc`]),
+//! - [`native`]: the same service on the transport-core RPC layer ([`transport_rpc`]),
 //!   where each call is one message each way;
 //! - [`tarpc_echo`]: the unary echo as a tarpc service, over transport-core's messages with
 //!   [`transport_tarpc`] and over tarpc's own `serde_transport`;

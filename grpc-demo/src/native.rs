@@ -5,10 +5,10 @@
 //! calls pipelined on one connection (many in flight, answered in any order).
 
 use bytes::{BufMut, Bytes};
-use transport_core::rpc::{
+use transport_core::{Connection, MessageSender};
+use transport_rpc::{
     code, ClientConfig, Request, RpcClient, RpcError, RpcServer, ServerConfig, Status,
 };
-use transport_core::{Connection, MessageSender};
 
 /// Method id of the unary echo.
 pub const UNARY: u32 = 1;
@@ -16,7 +16,7 @@ pub const UNARY: u32 = 1;
 pub const FETCH: u32 = 2;
 
 /// The native server (cheap to clone; `serve(listener)` it).
-pub fn server() -> RpcServer<impl transport_core::rpc::Handler> {
+pub fn server() -> RpcServer<impl transport_rpc::Handler> {
     RpcServer::new(handle, ServerConfig::default())
 }
 

@@ -8,9 +8,9 @@ use bytes::Bytes;
 use grpc_demo::{grpc, native, pattern, pb};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
-use transport_core::conformance::{Backend, PROMPT};
 use transport_core::{Listener, Transport};
 use transport_stream::{ByteStreamConfig, StreamListener};
+use transport_test::conformance::{Backend, PROMPT};
 
 const MAX: usize = 64 << 20;
 
@@ -270,7 +270,7 @@ macro_rules! service_tests {
     ($module:ident, $backend:expr $(, #[$attr:meta])*) => {
         mod $module {
             use super::*;
-            transport_core::backend_cases!([super::] $backend, $(#[$attr])*;
+            transport_test::backend_cases!([super::] $backend, $(#[$attr])*;
                 grpc_unary_sizes,
                 grpc_server_stream,
                 grpc_bidi,

@@ -91,7 +91,7 @@ impl<const N: usize> From<[u8; N]> for HeaderBytes {
 /// One message: a header and a payload.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Message {
-    /// Protocol header (for RPC: [`crate::rpc::RpcHeader`]).
+    /// Protocol header (for RPC: `transport_rpc::RpcHeader`).
     pub header: HeaderBytes,
     /// Payload bytes.
     pub payload: Bytes,

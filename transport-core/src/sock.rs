@@ -7,7 +7,7 @@ use std::os::fd::RawFd;
 
 /// `recv(fd, dst, flags)`: fills a prefix of `dst` and returns its length (0: the peer closed
 /// its side). The bytes written are initialised; the rest of `dst` is left as it was.
-pub(crate) fn recv_uninit(
+pub fn recv_uninit(
     fd: RawFd,
     dst: &mut [MaybeUninit<u8>],
     flags: libc::c_int,

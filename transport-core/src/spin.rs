@@ -304,7 +304,7 @@ pub fn spin_before_park(budget: Duration) -> Spun {
 /// for then came while it had given its CPU away, most likely because the peer shares that
 /// CPU and could only run when this thread yielded. Sleeping would have let it run as soon,
 /// without the spin's system calls, so such spins back off as empty ones do.
-pub(crate) fn spin(budget: Duration, ready: impl FnMut() -> bool) -> Spun {
+pub fn spin(budget: Duration, ready: impl FnMut() -> bool) -> Spun {
     spin_counting(budget, ready, thread_switches)
 }
 

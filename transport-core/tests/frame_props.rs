@@ -1,5 +1,5 @@
-//! Property tests of the frame codec (the one [`FrameEncoder`] / [`FrameDecoder`] pair), the stream
-//! receiver and the RPC header codec: arbitrary bytes never panic, decoded messages never exceed the
+//! Property tests of the frame codec (the one [`FrameEncoder`] / [`FrameDecoder`] pair) and the
+//! stream receiver (the RPC header codec's are in transport-rpc's tests): arbitrary bytes never panic, decoded messages never exceed the
 //! configured maximum, the decoder never asks for more memory than one maximal frame, encoded frames
 //! decode to what was encoded under any split into reads (also when a reader takes a frame over
 //! part-way, as the stream receiver does with large frames), and the stream sender and receiver
@@ -17,7 +17,6 @@ use tokio_util::codec::{Decoder, Encoder};
 use transport_core::frame::{
     FrameDecoder, FrameEncoder, FramePrefix, PREFIX_LEN, STREAM_MAGIC, STREAM_VERSION,
 };
-use transport_core::rpc::{HeaderError, Kind, RpcHeader, RPC_HEADER_LEN};
 use transport_core::stream::{StreamConfig, StreamReceiver, StreamSender};
 use transport_core::{
     HeaderBytes, Message, MessageReceiver, MessageSender, Metrics, TransportError, MAX_HEADER_LEN,
@@ -377,27 +376,5 @@ proptest! {
             got
         });
         prop_assert_eq!(got, msgs);
-    }
-
-    /// The RPC header decoder accepts arbitrary bytes without panicking, and whatever it accepts
-    /// re-encodes to the same bytes.
-    #[test]
-    fn rpc_header_decode_is_total(bytes in prop::collection::vec(any::<u8>(), 0..40)) {
-        match RpcHeader::decode(&bytes) {
-            Ok(h) => prop_assert_eq!(&h.encode()[..], &bytes[..RPC_HEADER_LEN]),
-            Err(HeaderError::Truncated(n)) => prop_assert!(n < RPC_HEADER_LEN),
-            Err(_) => {}
-        }
-    }
-
-    /// Every header round-trips.
-    #[test]
-    fn rpc_header_round_trips(
-        kind in prop_oneof![Just(Kind::Request), Just(Kind::Response), Just(Kind::Oneway),
-                            Just(Kind::Error), Just(Kind::Cancel)],
-        method: u32, id: u64, len: u32,
-    ) {
-        let h = RpcHeader::new(kind, method, id, len as usize);
-        prop_assert_eq!(RpcHeader::decode(&h.encode()), Ok(h));
     }
 }

@@ -12,10 +12,10 @@
 use bytes::{BufMut, Bytes};
 use std::io::Read;
 use std::time::{Duration, Instant};
-use transport_core::rpc::{
+use transport_core::{Connection, Listener, MessageSender, Transport};
+use transport_rpc::{
     CallOptions, ClientConfig, Request, RpcClient, RpcServer, ServerConfig, Status,
 };
-use transport_core::{Connection, Listener, MessageSender, Transport};
 use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
 

@@ -10,12 +10,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::runtime::Runtime;
-use transport_core::rpc::{CallOptions, ClientConfig, Handler, RpcClient, RpcServer};
-use transport_core::rpc::{ServerConfig, Status};
 use transport_core::{
     BufferPool, Connection, Listener, Message, MessageReceiver, MessageSender, SendBuffer,
     Transport, TransportError,
 };
+use transport_rpc::{CallOptions, ClientConfig, Handler, RpcClient, RpcServer};
+use transport_rpc::{ServerConfig, Status};
 use transport_tcp::{TcpConfig, TcpTransport};
 use transport_uds::{UdsConfig, UdsTransport};
 use transport_verbs::{VerbsConfig, VerbsTransport};

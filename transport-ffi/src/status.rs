@@ -4,8 +4,8 @@
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use transport_core::rpc::RpcError;
 use transport_core::TransportError;
+use transport_rpc::RpcError;
 
 /// What a call returned. `TP_OK` is 0; every other value is an error, described by
 /// `tp_last_error()` on the calling thread.

@@ -1341,7 +1341,11 @@ mod tests {
             looks += 1;
             assert!(looks < LOOKS_PER_CLOCK, "the clock is read");
         }
-        assert_eq!(looks, LOOKS_PER_CLOCK - 1, "one look of the burst read the clock");
+        assert_eq!(
+            looks,
+            LOOKS_PER_CLOCK - 1,
+            "one look of the burst read the clock"
+        );
         assert_eq!(w.unclocked, 0);
         assert_eq!(w.burst_from, None);
         assert_eq!(w.next(true), Next::Look, "a new burst after the turn");

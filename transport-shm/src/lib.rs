@@ -5,7 +5,7 @@
 //! transport-uds does (an owner-only socket file, peer credentials checked, the uids allowed),
 //! then each side sends the other a sealed memfd holding what it writes; from then on messages
 //! travel in shared memory, and the socket only carries doorbell bytes to a peer that sleeps
-//! and tells, by closing, that the peer is gone. It passes transport-core's conformance suite.
+//! and tells, by closing, that the peer is gone. It passes transport-test's conformance suite.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), transport_core::TransportError> {

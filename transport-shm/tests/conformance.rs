@@ -2,9 +2,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use transport_core::conformance::Backend;
 use transport_shm::conn::ShmConfig;
 use transport_shm::ShmTransport;
+use transport_test::conformance::Backend;
 use transport_uds::UdsAddr;
 
 /// Shared-memory connections set up over Unix sockets in one temporary folder, a fresh path
@@ -27,4 +27,4 @@ impl Backend for ShmBackend {
     }
 }
 
-transport_core::conformance_tests!(ShmBackend);
+transport_test::conformance_tests!(ShmBackend);

@@ -6,9 +6,9 @@
 use bytes::Bytes;
 use std::io;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
-use transport_core::conformance::{pattern, Backend, PROMPT};
 use transport_core::{Connection, HeaderBytes, Message, MessageSender, Transport};
 use transport_stream::{ByteStream, ByteStreamConfig, ByteStreamError, StreamListener};
+use transport_test::conformance::{pattern, Backend, PROMPT};
 
 const MIB: usize = 1 << 20;
 const MAX_MESSAGE: usize = 64 * MIB;
@@ -365,7 +365,7 @@ macro_rules! stream_tests {
     ($module:ident, $backend:expr $(, extra: [$($extra:ident),*])? $(, #[$attr:meta])*) => {
         mod $module {
             use super::*;
-            transport_core::backend_cases!([super::] $backend, $(#[$attr])*;
+            transport_test::backend_cases!([super::] $backend, $(#[$attr])*;
                 round_trip_16mb,
                 many_small_writes,
                 vectored_write_is_one_message,
@@ -381,7 +381,7 @@ macro_rules! stream_tests {
             $(#[$attr])*
             fn peer_process_killed() {
                 let backend = $backend;
-                transport_core::conformance::run("peer_process_killed", async move {
+                transport_test::conformance::run("peer_process_killed", async move {
                     let name = concat!(stringify!($module), "::peer_process_killed");
                     super::peer_process_killed(&backend, name).await
                 });

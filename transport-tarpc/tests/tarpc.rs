@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use tarpc::client::RpcError;
 use tarpc::context::{self, Context};
 use tarpc::server::{BaseChannel, Channel};
-use transport_core::conformance::{pattern, Backend, PROMPT};
 use transport_core::{Connection, HeaderBytes, Listener, Message, MessageSender, Transport};
 use transport_tarpc::{Error, MessageTransport, Payload};
+use transport_test::conformance::{pattern, Backend, PROMPT};
 
 use transport_tcp::conformance::TcpBackend as Tcp;
 use transport_uds::conformance::UdsBackend as Uds;
@@ -319,7 +319,7 @@ macro_rules! tarpc_tests {
         mod $module {
             #[allow(unused_imports)]
             use super::*;
-            transport_core::backend_cases!([super::] $backend, $(#[$attr])*;
+            transport_test::backend_cases!([super::] $backend, $(#[$attr])*;
                 concurrent_calls_each_get_their_own_reply,
                 a_large_echo_round_trips,
                 an_item_over_the_limit_fails_before_sending,

@@ -1,11 +1,11 @@
-//! TCP on loopback as a backend of transport-core's conformance and hostile-peer suites
+//! TCP on loopback as a backend of transport-test's conformance and hostile-peer suites
 //! (feature `conformance`).
 
 use std::net::SocketAddr;
 use tokio::net::TcpStream;
-use transport_core::conformance::Backend;
-use transport_core::hostile::StreamBackend;
 use transport_core::stream::StreamConfig;
+use transport_test::conformance::Backend;
+use transport_test::hostile::StreamBackend;
 
 use crate::{TcpConfig, TcpTransport};
 

@@ -21,7 +21,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), transport_core::TransportError> {
 //! use bytes::Bytes;
-//! use transport_core::rpc::{ClientConfig, RpcClient};
+//! use transport_rpc::{ClientConfig, RpcClient};
 //! use transport_core::Transport;
 //! use transport_tcp::{TcpConfig, TcpTransport};
 //!

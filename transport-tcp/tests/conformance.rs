@@ -2,4 +2,4 @@
 
 use transport_tcp::conformance::TcpBackend;
 
-transport_core::conformance_tests!(TcpBackend);
+transport_test::conformance_tests!(TcpBackend);

@@ -2,5 +2,5 @@
 
 use transport_tcp::conformance::TcpBackend;
 
-transport_core::hostile_tests!(TcpBackend);
-transport_core::hostile_stream_tests!(TcpBackend);
+transport_test::hostile_tests!(TcpBackend);
+transport_test::hostile_stream_tests!(TcpBackend);

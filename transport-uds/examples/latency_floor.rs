@@ -12,9 +12,9 @@ use bytes::Bytes;
 use std::io::{Read, Write};
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use transport_core::rpc::blocking::{BlockingClient, BlockingConfig, BlockingServer};
-use transport_core::rpc::{ClientConfig, Request, RpcClient, RpcServer, ServerConfig, Status};
 use transport_core::{Connection, HeaderBytes, Message, MessageReceiver, MessageSender};
+use transport_rpc::blocking::{BlockingClient, BlockingConfig, BlockingServer};
+use transport_rpc::{ClientConfig, Request, RpcClient, RpcServer, ServerConfig, Status};
 use transport_uds::UdsConnection;
 
 const WARMUP: usize = 1000;
@@ -183,13 +183,13 @@ fn rpc(n: usize, cpu: usize) -> f64 {
     })
 }
 
-/// `transport_core::rpc::blocking`'s client against the async RPC server.
+/// `transport_rpc::blocking`'s client against the async RPC server.
 fn blocking_client_rpc(n: usize, cpu: usize) -> f64 {
     let (a, b) = connections();
     measure(cpu, serve_rpc(b), move || blocking_calls(a, n))
 }
 
-/// `transport_core::rpc::blocking` at both ends: the client, and the server serving the
+/// `transport_rpc::blocking` at both ends: the client, and the server serving the
 /// connection on its own thread.
 fn blocking_rpc(n: usize, cpu: usize) -> f64 {
     let (a, b) = connections();

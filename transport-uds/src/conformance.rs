@@ -1,11 +1,11 @@
-//! Unix-domain sockets as a backend of transport-core's conformance and hostile-peer suites
+//! Unix-domain sockets as a backend of transport-test's conformance and hostile-peer suites
 //! (feature `conformance`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::net::UnixStream;
-use transport_core::conformance::Backend;
-use transport_core::hostile::StreamBackend;
 use transport_core::stream::StreamConfig;
+use transport_test::conformance::Backend;
+use transport_test::hostile::StreamBackend;
 
 use crate::{UdsAddr, UdsConfig, UdsTransport};
 

@@ -2,4 +2,4 @@
 
 use transport_uds::conformance::UdsBackend;
 
-transport_core::conformance_tests!(UdsBackend);
+transport_test::conformance_tests!(UdsBackend);

@@ -2,5 +2,5 @@
 
 use transport_uds::conformance::UdsBackend;
 
-transport_core::hostile_tests!(UdsBackend);
-transport_core::hostile_stream_tests!(UdsBackend);
+transport_test::hostile_tests!(UdsBackend);
+transport_test::hostile_stream_tests!(UdsBackend);

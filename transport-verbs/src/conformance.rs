@@ -1,4 +1,4 @@
-//! Verbs as a backend of transport-core's conformance suite (feature `conformance`), with the
+//! Verbs as a backend of transport-test's conformance suite (feature `conformance`), with the
 //! rule every verbs test suite follows:
 //!
 //! - a test that needs an RDMA device is marked
@@ -9,7 +9,7 @@
 //!   [`VerbsBackend::for_this_machine`] panics, naming why.
 
 use std::net::{IpAddr, SocketAddr};
-use transport_core::conformance::Backend;
+use transport_test::conformance::Backend;
 
 use crate::{VerbsConfig, VerbsTransport};
 

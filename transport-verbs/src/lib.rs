@@ -9,7 +9,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use bytes::{BufMut, Bytes};
-//! use transport_core::rpc::{ClientConfig, RpcClient};
+//! use transport_rpc::{ClientConfig, RpcClient};
 //! use transport_core::{MessageSender, Transport};
 //! use transport_verbs::{VerbsConfig, VerbsTransport};
 //!

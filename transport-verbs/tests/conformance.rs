@@ -7,7 +7,7 @@
 
 use transport_verbs::conformance::VerbsBackend;
 
-transport_core::conformance_tests!(
+transport_test::conformance_tests!(
     VerbsBackend::for_this_machine(),
     #[ignore = "needs an RDMA device: cargo xtask testbed verbs runs it"]
 );

@@ -1,4 +1,4 @@
-//! transport-core's RPC-level hostile-peer cases (`transport_core::hostile_tests!`), against
+//! transport-core's RPC-level hostile-peer cases (`transport_test::hostile_tests!`), against
 //! verbs: a reused request id, a peer that closes with calls parked in handlers, request bytes
 //! past the per-connection and server budgets, an idle connection.
 //!
@@ -9,7 +9,7 @@
 
 use transport_verbs::conformance::VerbsBackend;
 
-transport_core::hostile_tests!(
+transport_test::hostile_tests!(
     VerbsBackend::for_this_machine(),
     #[ignore = "needs an RDMA device: cargo xtask testbed verbs runs it"]
 );

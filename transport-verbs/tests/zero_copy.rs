@@ -4,8 +4,8 @@
 mod common;
 
 use bytes::{BufMut, Bytes};
-use transport_core::rpc::{ClientConfig, Request, RpcClient, RpcServer, ServerConfig, Status};
 use transport_core::{Connection, Listener, Transport};
+use transport_rpc::{ClientConfig, Request, RpcClient, RpcServer, ServerConfig, Status};
 use transport_verbs::{VerbsConfig, VerbsTransport};
 
 const ECHO: u32 = 1;

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde::Serialize;
-use transport_core::rpc::{code, ClientConfig, Handler, Request, RpcClient, RpcError, Status};
 use transport_core::Transport;
+use transport_rpc::{code, ClientConfig, Handler, Request, RpcClient, RpcError, Status};
 
 use super::typed::{self, Element, Fixed, StringDouble, Structured};
 

@@ -45,8 +45,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Args;
-use transport_core::rpc::{ClientConfig, RpcClient};
 use transport_core::{Connection, Transport};
+use transport_rpc::{ClientConfig, RpcClient};
 use transport_tcp::TcpTransport;
 use transport_uds::{UdsAddr, UdsTransport};
 

@@ -10,8 +10,8 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::runtime::Runtime;
-use transport_core::rpc::Request;
 use transport_core::{HeaderBytes, Message, SendBuffer, MAX_HEADER_LEN};
+use transport_rpc::Request;
 
 mod conn;
 mod payload;

@@ -280,7 +280,7 @@ fn call_handler(
     handler: CHandler,
     user: UserData,
     req: Request,
-) -> Result<Bytes, transport_core::rpc::Status> {
+) -> Result<Bytes, transport_rpc::Status> {
     let (method, payload) = (req.method, req.payload.clone());
     let mut reply = tp_reply {
         slot: ReplySlot {

@@ -3,7 +3,7 @@
 //!
 //! [`SlotLender`] is the sending half's [`BufferPool`] ([`transport_core::MessageSender::buffer_pool`]):
 //! `alloc` takes a free slot off the pool's free list and hands it out as a [`SendBuffer`]
-//! over the shared memory ([`SlotBuffer`]). Frozen, the buffer becomes the payload's
+//! over the shared memory (`SlotBuffer`). Frozen, the buffer becomes the payload's
 //! [`bytes::Bytes`]; when the sending half sends a payload that lies in such a slot, it names
 //! the slot (and the offset of the payload in it) in the ring entry and keeps one view of the
 //! payload until the peer returns the slot ([`super::PoolWriter::send_lent`]). The slot joins

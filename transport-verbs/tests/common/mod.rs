@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::time::Duration;
-use transport_core::conformance::Backend;
+use transport_test::conformance::Backend;
 use transport_verbs::conformance::VerbsBackend;
 
 /// The address to listen on: `$TB_IP_ADDR` or the first RoCE v2 IPv4 GID's address, port

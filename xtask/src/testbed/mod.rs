@@ -1030,7 +1030,7 @@ fn run_target(
 /// Test binaries that must pass at least this many tests in the guest: a suite that skipped
 /// itself (no device) or lost cases fails the run instead of passing quietly.
 const MIN_PASSED: &[(&str, u64)] = &[
-    // transport-core's conformance suite: 20 cases + the capability check.
+    // transport-test's conformance suite: 20 cases + the capability check.
     ("test:conformance-", 21),
     // transport-stream's byte-stream cases and grpc-demo's tonic + native cases, `verbs::` only.
     ("test:stream-", 9),
@@ -1042,7 +1042,7 @@ const MIN_PASSED: &[(&str, u64)] = &[
     // transport-verbs' hostile-peer cases (lengths, RTS flood, eager flood, no HELLO, no FIN,
     // stale and leaked rkeys, a loopback listen refused).
     ("test:hostile-", 8),
-    // transport-core's RPC-level hostile-peer cases (reused id, close with parked handlers,
+    // transport-test's RPC-level hostile-peer cases (reused id, close with parked handlers,
     // per-connection and server request budgets, idle timeout).
     ("test:hostile_rpc-", 5),
     // transport-verbs' adaptive polling (no channel syscalls within the budget, idle = asleep).

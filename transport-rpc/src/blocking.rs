@@ -5,8 +5,8 @@
 //! ```no_run
 //! use bytes::Bytes;
 //! use std::os::unix::net::{UnixListener, UnixStream};
-//! use transport_core::rpc::blocking::{BlockingClient, BlockingConfig, BlockingServer};
-//! use transport_core::rpc::{Request, ServerConfig, Status};
+//! use transport_rpc::blocking::{BlockingClient, BlockingConfig, BlockingServer};
+//! use transport_rpc::{Request, ServerConfig, Status};
 //!
 //! let rt = tokio::runtime::Runtime::new().unwrap(); // runs handlers that wait on I/O or timers
 //! let handler = |req: Request| async move { Ok::<_, Status>(req.payload) };
@@ -51,9 +51,6 @@
 use super::error::{code, ProtocolError, RpcError, Status};
 use super::header::{Kind, RpcHeader, RPC_HEADER_LEN};
 use super::server::{Handler, Request, ServerConfig};
-use crate::frame::{encode_prefix, FrameDecoder, PREFIX_LEN};
-use crate::stream::{DEFAULT_FRAME_TIMEOUT, DEFAULT_MAX_MESSAGE_SIZE};
-use crate::{HeapPool, Message, Metrics, TransportError};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::future::Future;
@@ -64,6 +61,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::codec::Decoder;
+use transport_core::frame::{encode_prefix, FrameDecoder, PREFIX_LEN};
+use transport_core::stream::{DEFAULT_FRAME_TIMEOUT, DEFAULT_MAX_MESSAGE_SIZE};
+use transport_core::{HeapPool, Message, Metrics, TransportError};
 
 /// Default of [`BlockingConfig::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
@@ -89,8 +89,8 @@ pub struct BlockingConfig {
     /// Before blocking in `recv`, poll the socket for up to this long (yielding the CPU
     /// between polls): when the peer runs on another CPU its answer then arrives without a
     /// cross-CPU wake-up (expensive on a VM). Default zero (never); ignored where the process
-    /// may use one CPU only ([`crate::spin::useful_budget`]). Spins that keep finding nothing
-    /// are skipped for a while, as in [`crate::spin`].
+    /// may use one CPU only ([`transport_core::spin::useful_budget`]). Spins that keep finding nothing
+    /// are skipped for a while, as in [`transport_core::spin`].
     pub spin: Duration,
 }
 
@@ -217,7 +217,7 @@ enum Got {
     TooLarge {
         len: u64,
         max: u64,
-        header: crate::HeaderBytes,
+        header: transport_core::HeaderBytes,
     },
     /// The peer closed the connection between frames.
     Closed,
@@ -251,7 +251,10 @@ impl FrameReader {
     fn new(config: &BlockingConfig, metrics: Arc<Metrics>) -> FrameReader {
         FrameReader {
             metrics,
-            spin: crate::spin::useful_budget(config.spin, crate::spin::available_cpus()),
+            spin: transport_core::spin::useful_budget(
+                config.spin,
+                transport_core::spin::available_cpus(),
+            ),
             decoder: FrameDecoder::new(config.max_message_size),
             buf: BytesMut::new(),
             frame_timeout: config.frame_timeout,
@@ -311,7 +314,7 @@ impl FrameReader {
             let mut got = None;
             if !self.spin.is_zero() {
                 let (buf, metrics) = (&mut self.buf, &self.metrics);
-                crate::spin::spin(self.spin, || {
+                transport_core::spin::spin(self.spin, || {
                     match recv_into(socket, buf, want, libc::MSG_DONTWAIT, metrics) {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
                         r => {
@@ -367,7 +370,7 @@ fn recv_into<S: AsRawFd>(
     buf.reserve(max);
     let spare = buf.spare_capacity_mut();
     let len = spare.len().min(max);
-    let n = crate::sock::recv_uninit(socket.as_raw_fd(), &mut spare[..len], flags)?;
+    let n = transport_core::sock::recv_uninit(socket.as_raw_fd(), &mut spare[..len], flags)?;
     // SAFETY: `recv_uninit` initialised the first `n` (<= len) bytes of the spare capacity.
     unsafe { buf.set_len(buf.len() + n) };
     metrics.bytes_received.add(n as u64);
@@ -803,7 +806,7 @@ impl<H: Handler> BlockingServer<H> {
         let inner = &*self.inner;
         let metrics = Arc::new(Metrics::default());
         let mut reader = FrameReader::new(&inner.config, metrics.clone());
-        let pool: Arc<dyn crate::BufferPool> = Arc::new(HeapPool);
+        let pool: Arc<dyn transport_core::BufferPool> = Arc::new(HeapPool);
         loop {
             let until = inner.server.idle_timeout.map(|t| Instant::now() + t);
             let msg = match reader.next(&mut socket, Limit::Idle(until))? {

@@ -7,8 +7,8 @@
 //! ```text
 //! // transport-foo/tests/conformance.rs
 //! struct Foo;
-//! impl transport_core::conformance::Backend for Foo { /* ... */ }
-//! transport_core::conformance_tests!(Foo);
+//! impl transport_test::conformance::Backend for Foo { /* ... */ }
+//! transport_test::conformance_tests!(Foo);
 //! ```
 //!
 //! Every case runs on its own two-worker runtime under a hard time limit, so a hang fails the
@@ -16,18 +16,18 @@
 //! serving RPC and kills it with SIGKILL mid-transfer; the child is entered through the
 //! `conformance_capabilities` test when `TRANSPORT_CONFORMANCE_CHILD` is set.
 
-use crate::rpc::{
-    code, CallOptions, ClientConfig, Request, RpcClient, RpcError, RpcServer, ServerConfig, Status,
-};
-use crate::{
-    Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport,
-    TransportError,
-};
 use bytes::Bytes;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use transport_core::{
+    Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport,
+    TransportError,
+};
+use transport_rpc::{
+    code, CallOptions, ClientConfig, Request, RpcClient, RpcError, RpcServer, ServerConfig, Status,
+};
 
 /// How a backend is set up for the suite.
 pub trait Backend: Send + Sync + 'static {
@@ -120,7 +120,7 @@ macro_rules! __conformance_cases {
 /// ```text
 /// async fn round_trips<B: Backend>(b: &B) { /* ... */ }
 /// mod uds {
-///     transport_core::backend_cases!([super::] UdsBackend, ; round_trips);
+///     transport_test::backend_cases!([super::] UdsBackend, ; round_trips);
 /// }
 /// ```
 #[macro_export]
@@ -277,7 +277,7 @@ pub struct ServiceState {
 }
 
 /// The suite's test service.
-pub fn service(state: Arc<ServiceState>) -> impl crate::rpc::Handler {
+pub fn service(state: Arc<ServiceState>) -> impl transport_rpc::Handler {
     move |req: Request| {
         // Oneway counting happens at dispatch, in arrival order.
         if req.method == method::COUNT {
@@ -343,7 +343,7 @@ pub async fn start_server<B: Backend>(backend: &B, max_message_size: usize) -> T
     let state = Arc::new(ServiceState::default());
     let svc = service(state.clone());
     let handler: Box<dyn Fn(Request) -> BoxReply + Send + Sync> =
-        Box::new(move |r| Box::pin(crate::rpc::Handler::call(&svc, r)));
+        Box::new(move |r| Box::pin(transport_rpc::Handler::call(&svc, r)));
     let server = RpcServer::new(handler, ServerConfig::default());
     let s = server.clone();
     tokio::spawn(async move { s.serve(listener).await });
@@ -419,7 +419,7 @@ pub fn capabilities_or_child<B: Backend>(backend: &B) {
         32 * MIB,
         "the configured limit is reported"
     );
-    assert!(caps.max_header_len >= crate::rpc::RPC_HEADER_LEN);
+    assert!(caps.max_header_len >= transport_rpc::RPC_HEADER_LEN);
     assert!(
         caps.reliable_ordered,
         "the RPC layer needs reliable, ordered delivery"
@@ -849,7 +849,7 @@ pub mod cases {
     /// Malformed RPC headers make the server close that connection (promptly, no hang) and
     /// keep serving others.
     pub async fn rpc_malformed_headers_close_connection<B: Backend>(b: &B) {
-        use crate::rpc::{Kind, RpcHeader};
+        use transport_rpc::{Kind, RpcHeader};
         let srv = start_server(b, MIB).await;
         let good = RpcHeader::new(Kind::Request, method::ECHO, 1, 3).encode();
         let mut bad_magic = good;

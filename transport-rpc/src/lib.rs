@@ -1,5 +1,24 @@
-//! The RPC layer: a fixed header ([`header`]), a client that pipelines many calls on one
-//! connection ([`RpcClient`]) and a server that runs a [`Handler`] for each ([`RpcServer`]).
+//! # transport-rpc
+//!
+//! The RPC layer over any `transport-core` connection: a fixed header ([`header`]), a client
+//! that pipelines many calls on one connection ([`RpcClient`]) and a server that runs a
+//! [`Handler`] for each ([`RpcServer`]).
+//!
+//! ```no_run
+//! # async fn demo<T: transport_core::Transport>(transport: T, addr: T::Addr) -> Result<(), Box<dyn std::error::Error>> {
+//! use bytes::Bytes;
+//! use transport_core::{Listener, Transport};
+//! use transport_rpc::{ClientConfig, Request, RpcClient, RpcServer, ServerConfig, Status};
+//!
+//! let listener = transport.listen(&addr).await?;
+//! let addr = listener.local_addr()?;
+//! let server = RpcServer::new(|r: Request| async move { Ok::<_, Status>(r.payload) }, ServerConfig::default());
+//! tokio::spawn({ let s = server.clone(); async move { s.serve(listener).await } });
+//!
+//! let client = RpcClient::new(transport.connect(&addr).await?, ClientConfig::default());
+//! assert_eq!(client.call(1, Bytes::from_static(b"hi")).await?, "hi");
+//! # Ok(()) }
+//! ```
 //!
 //! Serialization is the caller's: payloads are bytes. [`blocking`] has a synchronous client
 //! and a thread-per-connection server for the same wire format (the lowest latency when

@@ -1,12 +1,12 @@
 //! Test helpers for the RPC client and server tests: an in-memory stream connection, and a
 //! connection whose sender records its writes and waits for a switch.
 
-use crate::stream::{StreamConfig, StreamReceiver, StreamSender};
-use crate::{
-    Capabilities, Connection, Message, MessageReceiver, MessageSender, Metrics, TransportError,
-};
 use std::sync::{Arc, Mutex};
 use tokio::io::{DuplexStream, ReadHalf, WriteHalf};
+use transport_core::stream::{StreamConfig, StreamReceiver, StreamSender};
+use transport_core::{
+    Capabilities, Connection, Message, MessageReceiver, MessageSender, Metrics, TransportError,
+};
 
 /// One end of an in-memory stream connection.
 pub(crate) struct Duplex {
@@ -23,10 +23,8 @@ impl Duplex {
     /// [`Duplex::pair`] whose two pipes hold at most `pipe` bytes each (a socket buffer).
     pub(crate) fn pair_with_pipe(max_message_size: usize, pipe: usize) -> (Duplex, Duplex) {
         let (a, b) = tokio::io::duplex(pipe);
-        let config = StreamConfig {
-            max_message_size,
-            ..StreamConfig::default()
-        };
+        let mut config = StreamConfig::default();
+        config.max_message_size = max_message_size;
         let end = |io| Duplex {
             io,
             config: config.clone(),
@@ -64,9 +62,9 @@ pub(crate) fn gated_echo_server(
     end: Duplex,
 ) -> (
     tokio::sync::watch::Sender<bool>,
-    tokio::task::JoinHandle<Result<(), crate::rpc::RpcError>>,
+    tokio::task::JoinHandle<Result<(), crate::RpcError>>,
 ) {
-    use crate::rpc::{Request, RpcServer, ServerConfig, Status};
+    use crate::{Request, RpcServer, ServerConfig, Status};
     let (open, gate) = tokio::sync::watch::channel(false);
     let server = RpcServer::new(
         move |req: Request| {
@@ -158,11 +156,9 @@ impl Connection for Gated {
     type Receiver = Silent;
 
     fn capabilities(&self) -> Capabilities {
-        StreamConfig {
-            max_message_size: 1 << 20,
-            ..StreamConfig::default()
-        }
-        .capabilities("gated", false)
+        let mut config = StreamConfig::default();
+        config.max_message_size = 1 << 20;
+        config.capabilities("gated", false)
     }
     fn metrics(&self) -> Arc<Metrics> {
         self.metrics.clone()
@@ -215,7 +211,7 @@ impl MessageReceiver for LookingReceiver {
         self.inner.recv().await
     }
 
-    fn try_recv(&mut self) -> crate::TryRecv {
+    fn try_recv(&mut self) -> transport_core::TryRecv {
         use std::future::Future;
         use std::sync::atomic::Ordering;
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
@@ -223,11 +219,11 @@ impl MessageReceiver for LookingReceiver {
         match polled {
             std::task::Poll::Ready(r) => {
                 self.found.ready.fetch_add(1, Ordering::Relaxed);
-                crate::TryRecv::Ready(r)
+                transport_core::TryRecv::Ready(r)
             }
             std::task::Poll::Pending => {
                 self.found.empty.fetch_add(1, Ordering::Relaxed);
-                crate::TryRecv::Empty
+                transport_core::TryRecv::Empty
             }
         }
     }

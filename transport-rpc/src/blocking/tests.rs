@@ -1,8 +1,8 @@
 use super::*;
-use crate::frame::encode_prefix;
 use std::io::Read;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::mpsc;
+use transport_core::frame::encode_prefix;
 
 const ECHO: u32 = 1;
 const SLOW: u32 = 2;
@@ -71,8 +71,12 @@ fn async_served(
     let async_server = super::super::RpcServer::new(handle, ServerConfig::default());
     let task = rt.spawn(async move {
         let b = tokio::net::UnixStream::from_std(b).unwrap();
-        let conn =
-            crate::stream::StreamConnection::new(b, "uds", Default::default(), "pair".into());
+        let conn = transport_core::stream::StreamConnection::new(
+            b,
+            "uds",
+            Default::default(),
+            "pair".into(),
+        );
         async_server.serve_connection(conn).await
     });
     (a, task)
@@ -166,8 +170,12 @@ fn blocking_and_async_ends_interoperate() {
     a.set_nonblocking(true).unwrap();
     let got = rt.block_on(async move {
         let a = tokio::net::UnixStream::from_std(a).unwrap();
-        let conn =
-            crate::stream::StreamConnection::new(a, "uds", Default::default(), "pair".into());
+        let conn = transport_core::stream::StreamConnection::new(
+            a,
+            "uds",
+            Default::default(),
+            "pair".into(),
+        );
         let client = super::super::RpcClient::new(conn, Default::default());
         let calls: Vec<_> = (0..8u8)
             .map(|i| {
@@ -463,7 +471,7 @@ fn an_idle_connection_is_closed_after_the_idle_timeout() {
 /// per call, the extra ones finding nothing), except where the process may use one CPU only.
 #[test]
 fn a_spinning_client_polls_before_it_blocks() {
-    let spinning = crate::spin::available_cpus() > 1;
+    let spinning = transport_core::spin::available_cpus() > 1;
     let (a, mut b) = UnixStream::pair().unwrap();
     let config = BlockingConfig::default().with_spin(Duration::from_secs(5));
     let c = BlockingClient::new(a, config).unwrap();

@@ -2,10 +2,6 @@
 
 use super::error::{ProtocolError, RpcError, Status};
 use super::header::{Kind, RpcHeader, RPC_HEADER_LEN};
-use crate::{
-    BufferPool, Connection, HeaderBytes, Message, MessageReceiver, MessageSender, Metrics,
-    SendBuffer, TransportError, TryRecv,
-};
 use bytes::Bytes;
 use futures_util::future::Either;
 use futures_util::lock::{Mutex as AsyncMutex, MutexGuard as AsyncMutexGuard};
@@ -18,12 +14,16 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::ReusableBoxFuture;
+use transport_core::{
+    BufferPool, Connection, HeaderBytes, Message, MessageReceiver, MessageSender, Metrics,
+    SendBuffer, TransportError, TryRecv,
+};
 
 /// Client settings.
 ///
 /// ```
 /// use std::time::Duration;
-/// use transport_core::rpc::ClientConfig;
+/// use transport_rpc::ClientConfig;
 ///
 /// let config = ClientConfig::default()
 ///     .with_max_in_flight(64)
@@ -1025,10 +1025,10 @@ impl<S: MessageSender> Drop for FinishOnDrop<'_, S> {
 /// concurrently (that is how requests are pipelined).
 ///
 /// ```no_run
-/// # async fn demo<C: transport_core::Connection>(conn: C) -> Result<(), transport_core::rpc::RpcError> {
+/// # async fn demo<C: transport_core::Connection>(conn: C) -> Result<(), transport_rpc::RpcError> {
 /// use bytes::Bytes;
 /// use std::time::Duration;
-/// use transport_core::rpc::{CallOptions, ClientConfig, RpcClient};
+/// use transport_rpc::{CallOptions, ClientConfig, RpcClient};
 ///
 /// let client = RpcClient::new(conn, ClientConfig::default());
 /// let reply = client.call(7, Bytes::from_static(b"ping")).await?;
@@ -1311,7 +1311,7 @@ impl<S: MessageSender> Drop for PendingCall<'_, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rpc::test_util::{gated_echo_server, Duplex, Gated};
+    use crate::test_util::{gated_echo_server, Duplex, Gated};
     use std::task::Poll;
     use std::time::Duration;
     use tokio::task::JoinHandle;
@@ -1377,7 +1377,7 @@ mod tests {
                 let polled_tx = polled_tx.clone();
                 tokio::spawn(async move {
                     let mut call = std::pin::pin!(c.call(1, Bytes::from(vec![i])));
-                    let first = crate::poll_once(call.as_mut()).await;
+                    let first = transport_core::poll_once(call.as_mut()).await;
                     let _ = polled_tx.send(());
                     match first {
                         Poll::Ready(r) => r,
@@ -1491,7 +1491,7 @@ mod tests {
     async fn within_polls<F: Future>(polls: u64, f: F) -> Option<F::Output> {
         let mut f = std::pin::pin!(f);
         for _ in 0..polls {
-            let polled = crate::poll_once(f.as_mut()).await;
+            let polled = transport_core::poll_once(f.as_mut()).await;
             if let Poll::Ready(v) = polled {
                 return Some(v);
             }
@@ -1507,7 +1507,7 @@ mod tests {
     /// dropped in the middle of them; the server holds replies while requests arrive.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn dropped_calls_never_corrupt_the_connection() {
-        use crate::rpc::{Request, RpcServer, ServerConfig};
+        use crate::{Request, RpcServer, ServerConfig};
         let (client_end, server_end) = Duplex::pair(4 << 20);
         let server = RpcServer::new(
             |req: Request| async move { Ok::<_, Status>(req.payload) },
@@ -1815,15 +1815,17 @@ mod tests {
     }
 
     /// The header of the next message the server end receives (`what`, within 10 s).
-    /// A client on a [`Looking`](crate::rpc::test_util::Looking) end (its receiver answers
+    /// A client on a [`Looking`](crate::test_util::Looking) end (its receiver answers
     /// `try_recv`), the counts of what those looks found, and the server's end.
     fn looking_client() -> (
-        RpcClient<crate::stream::StreamSender<tokio::io::WriteHalf<tokio::io::DuplexStream>>>,
-        Arc<crate::rpc::test_util::LookCounts>,
+        RpcClient<
+            transport_core::stream::StreamSender<tokio::io::WriteHalf<tokio::io::DuplexStream>>,
+        >,
+        Arc<crate::test_util::LookCounts>,
         Duplex,
     ) {
         let (client_end, server_end) = Duplex::pair(1 << 20);
-        let looking = crate::rpc::test_util::Looking::new(client_end);
+        let looking = crate::test_util::Looking::new(client_end);
         let found = looking.found.clone();
         (
             RpcClient::new(looking, ClientConfig::default()),
@@ -1858,7 +1860,7 @@ mod tests {
         assert_eq!(client.in_flight(), 0, "{why}");
     }
 
-    fn looked(found: &crate::rpc::test_util::LookCounts) -> (usize, usize) {
+    fn looked(found: &crate::test_util::LookCounts) -> (usize, usize) {
         use std::sync::atomic::Ordering::Relaxed;
         (found.ready.load(Relaxed), found.empty.load(Relaxed))
     }

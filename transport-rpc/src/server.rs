@@ -2,11 +2,6 @@
 
 use super::error::{code, ProtocolError, RpcError, Status};
 use super::header::{Kind, RpcHeader, RPC_HEADER_LEN};
-use crate::budget::{Charge, MemoryBudget};
-use crate::{
-    BufferPool, Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender,
-    Metrics, SendBuffer, TransportError, TryRecv,
-};
 use bytes::Bytes;
 use futures_util::future::{AbortHandle, Abortable, Aborted, Either};
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -22,6 +17,11 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use transport_core::budget::{Charge, MemoryBudget};
+use transport_core::{
+    BufferPool, Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender,
+    Metrics, SendBuffer, TransportError, TryRecv,
+};
 
 /// One incoming call.
 pub struct Request {
@@ -253,7 +253,7 @@ struct Inner<H> {
 /// ```no_run
 /// # async fn demo<L: transport_core::Listener>(listener: L) -> Result<(), transport_core::TransportError> {
 /// use bytes::Bytes;
-/// use transport_core::rpc::{Request, RpcServer, ServerConfig, Status};
+/// use transport_rpc::{Request, RpcServer, ServerConfig, Status};
 ///
 /// let server = RpcServer::new(
 ///     |req: Request| async move {
@@ -553,7 +553,7 @@ impl<H: Handler> RpcServer<H> {
                             };
                             // Most handlers answer without waiting: poll once here and skip
                             // the abort handle, the map entry and the trip through `running`.
-                            let first = crate::poll_once(
+                            let first = transport_core::poll_once(
                                 work.as_mut().as_pin_mut().expect("set just above"),
                             )
                             .await;
@@ -867,9 +867,9 @@ type RunningCall = Pin<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rpc::test_util::{gated_echo_server, Duplex};
-    use crate::rpc::RpcError;
-    use crate::rpc::{ClientConfig, RpcClient};
+    use crate::test_util::{gated_echo_server, Duplex};
+    use crate::RpcError;
+    use crate::{ClientConfig, RpcClient};
 
     /// Starts `calls` echo calls of `size` bytes against a gated server, opens the gate once
     /// every request has arrived, checks each reply, and returns the server's writes for them.
@@ -928,7 +928,7 @@ mod tests {
     /// One request frame, as the client would write it.
     fn request_frame(id: u64, payload: &[u8]) -> Vec<u8> {
         let header = RpcHeader::new(Kind::Request, 1, id, payload.len()).encode();
-        let mut frame = crate::frame::encode_prefix(header.len(), payload.len()).to_vec();
+        let mut frame = transport_core::frame::encode_prefix(header.len(), payload.len()).to_vec();
         frame.extend_from_slice(&header);
         frame.extend_from_slice(payload);
         frame
@@ -939,7 +939,7 @@ mod tests {
     /// and decoded messages in.
     fn server_on_raw_stream() -> (
         tokio::io::WriteHalf<tokio::io::DuplexStream>,
-        crate::stream::StreamReceiver<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
+        transport_core::stream::StreamReceiver<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
     ) {
         let (w, replies, _) = server_on_raw_stream_with(
             |req: Request| async move {
@@ -957,7 +957,7 @@ mod tests {
         pipe: usize,
     ) -> (
         tokio::io::WriteHalf<tokio::io::DuplexStream>,
-        crate::stream::StreamReceiver<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
+        transport_core::stream::StreamReceiver<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
         Arc<Metrics>,
     ) {
         let (client_end, server_end) = Duplex::pair_with_pipe(8 << 20, pipe);
@@ -965,7 +965,8 @@ mod tests {
         let server = RpcServer::new(handler, ServerConfig::default());
         tokio::spawn(async move { server.serve_connection(server_end).await });
         let (r, w) = tokio::io::split(client_end.io);
-        let replies = crate::stream::StreamReceiver::new(r, Arc::default(), &client_end.config);
+        let replies =
+            transport_core::stream::StreamReceiver::new(r, Arc::default(), &client_end.config);
         (w, replies, server_metrics)
     }
 
@@ -1050,7 +1051,7 @@ mod tests {
             },
             PIPE,
         );
-        let second = vec![8u8; 2 * crate::stream::DEFAULT_READ_BUFFER];
+        let second = vec![8u8; 2 * transport_core::stream::DEFAULT_READ_BUFFER];
         let bytes = [request_frame(1, b"a"), request_frame(2, &second)].concat();
         assert!(bytes.len() < PIPE);
         w.write_all(&bytes)
@@ -1294,7 +1295,8 @@ mod tests {
         );
         let serving = tokio::spawn(async move { server.serve_connection(server_end).await });
         let (r, mut w) = tokio::io::split(client_end.io);
-        let mut replies = crate::stream::StreamReceiver::new(r, Arc::default(), &client_end.config);
+        let mut replies =
+            transport_core::stream::StreamReceiver::new(r, Arc::default(), &client_end.config);
         let frame = request_frame(1, &vec![7u8; 4 << 20]);
         // 4 MiB over ~4 s, 300 ms between pieces: never a second without bytes.
         for piece in frame.chunks(frame.len() / 13 + 1) {
@@ -1322,7 +1324,7 @@ mod tests {
         };
         let server = RpcServer::new(|req: Request| async move { Ok(req.payload) }, config);
         let mut serving = tokio::spawn(async move { server.serve_connection(server_end).await });
-        let client = crate::rpc::RpcClient::new(client_end, crate::rpc::ClientConfig::default());
+        let client = crate::RpcClient::new(client_end, crate::ClientConfig::default());
         for i in 0..4u8 {
             tokio::time::sleep(Duration::from_millis(600)).await;
             let reply = client.call(1, Bytes::from(vec![i])).await.expect("open");
@@ -1348,8 +1350,8 @@ mod tests {
     /// payload, and both outcomes of the look were met.
     #[tokio::test]
     async fn requests_taken_by_try_recv_are_all_answered() {
-        use crate::rpc::test_util::Looking;
-        use crate::rpc::{ClientConfig, RpcClient};
+        use crate::test_util::Looking;
+        use crate::{ClientConfig, RpcClient};
         use std::sync::atomic::Ordering;
         let (client_end, server_end) = Duplex::pair(1 << 20);
         let looking = Looking::new(server_end);

@@ -1,10 +1,10 @@
 //! RPC statuses and errors.
 
 use super::header::{HeaderError, Kind};
-use crate::TransportError;
 use bytes::{BufMut, Bytes, BytesMut};
 use std::sync::Arc;
 use std::time::Duration;
+use transport_core::TransportError;
 
 /// Status codes carried by [`super::Kind::Error`] responses. Applications use codes from
 /// [`code::APPLICATION`] up.

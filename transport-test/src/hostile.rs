@@ -1,4 +1,4 @@
-//! The hostile-peer suite: written once, run against every backend (feature `conformance`).
+//! The hostile-peer suite: written once, run against every backend.
 //!
 //! A server faces peers it does not control. Each case here plays one such peer and checks
 //! the defence that answers it: the case fails if that defence is taken away.
@@ -18,10 +18,10 @@
 //! ```text
 //! // transport-foo/tests/hostile.rs
 //! struct Foo;
-//! impl transport_core::conformance::Backend for Foo { /* ... */ }
-//! impl transport_core::hostile::StreamBackend for Foo { /* ... */ }
-//! transport_core::hostile_tests!(Foo);
-//! transport_core::hostile_stream_tests!(Foo);
+//! impl transport_test::conformance::Backend for Foo { /* ... */ }
+//! impl transport_test::hostile::StreamBackend for Foo { /* ... */ }
+//! transport_test::hostile_tests!(Foo);
+//! transport_test::hostile_stream_tests!(Foo);
 //! ```
 //!
 //! Every case runs on its own two-worker runtime under a hard time limit
@@ -29,17 +29,7 @@
 //! test binary as a child process that serves RPC under `RLIMIT_AS`; the child is entered
 //! through the `hostile_raw_request_is_answered` test when `TRANSPORT_HOSTILE_CHILD` is set.
 
-use crate::budget::MemoryBudget;
 use crate::conformance::{self, method, Backend, ServiceState, PROMPT};
-use crate::frame::{encode_prefix, FrameDecoder, PREFIX_LEN};
-use crate::rpc::{
-    code, ClientConfig, Handler, Kind, Request, RpcClient, RpcHeader, RpcServer, ServerConfig,
-    Status, RPC_HEADER_LEN,
-};
-use crate::stream::StreamConfig;
-use crate::{
-    Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport,
-};
 use bytes::{Bytes, BytesMut};
 use futures_util::future::Either;
 use std::future::Future;
@@ -50,6 +40,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::codec::Decoder;
+use transport_core::budget::MemoryBudget;
+use transport_core::frame::{encode_prefix, FrameDecoder, PREFIX_LEN};
+use transport_core::stream::StreamConfig;
+use transport_core::{
+    Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport,
+};
+use transport_rpc::{
+    code, ClientConfig, Handler, Kind, Request, RpcClient, RpcHeader, RpcServer, ServerConfig,
+    Status, RPC_HEADER_LEN,
+};
 
 /// A stream backend, for the byte-level cases: a transport with chosen framing settings, and
 /// a raw byte stream to its listeners.
@@ -73,8 +73,8 @@ const CHILD_READY: &str = "HOSTILE_CHILD_LISTENING ";
 const CHILD_ENTRY: &str = "hostile_raw_request_is_answered";
 const MIB: usize = 1 << 20;
 /// The largest frame the default settings accept, announced by the hostile peers: an RPC
-/// request whose header and payload make exactly [`crate::stream::DEFAULT_MAX_MESSAGE_SIZE`].
-const MAX_PAYLOAD: usize = crate::stream::DEFAULT_MAX_MESSAGE_SIZE - RPC_HEADER_LEN;
+/// request whose header and payload make exactly [`transport_core::stream::DEFAULT_MAX_MESSAGE_SIZE`].
+const MAX_PAYLOAD: usize = transport_core::stream::DEFAULT_MAX_MESSAGE_SIZE - RPC_HEADER_LEN;
 
 /// Expands to one `#[test]` per RPC-level case for the [`Backend`] expression `$backend`;
 /// attributes after it go on every test, as with
@@ -639,10 +639,8 @@ pub mod cases {
         b: &B,
     ) {
         let budget = MemoryBudget::new(64 * MIB);
-        let config = ServerConfig {
-            memory_budget: budget.clone(),
-            ..ServerConfig::default()
-        };
+        let mut config = ServerConfig::default();
+        config.memory_budget = budget.clone();
         let (addr, parked) = parking_server(b, config).await;
         let (mut tx, mut rx) = hand_peer(b, &addr).await;
         const N: usize = 8;
@@ -691,10 +689,8 @@ pub mod cases {
     /// connection), and all 10 complete once the handlers are released. Fails if the server
     /// reads on regardless (all 10 would run).
     pub async fn request_bytes_per_connection_bound_the_running_handlers<B: Backend>(b: &B) {
-        let config = ServerConfig {
-            max_request_bytes_per_connection: 4 * MIB,
-            ..ServerConfig::default()
-        };
+        let mut config = ServerConfig::default();
+        config.max_request_bytes_per_connection = 4 * MIB;
         let (addr, parked) = parking_server(b, config).await;
         let (tx, mut rx) = hand_peer(b, &addr).await;
         const N: u64 = 10;
@@ -718,10 +714,8 @@ pub mod cases {
     /// server reads on regardless (all 10 would run).
     pub async fn server_budget_bounds_request_bytes_across_connections<B: Backend>(b: &B) {
         let budget = MemoryBudget::new(4 * MIB);
-        let config = ServerConfig {
-            memory_budget: budget.clone(),
-            ..ServerConfig::default()
-        };
+        let mut config = ServerConfig::default();
+        config.memory_budget = budget.clone();
         let (addr, parked) = parking_server(b, config).await;
         let (tx_a, mut rx_a) = hand_peer(b, &addr).await;
         let (tx_b, mut rx_b) = hand_peer(b, &addr).await;
@@ -752,10 +746,8 @@ pub mod cases {
     /// connections are kept (or if running calls count as idle).
     pub async fn idle_connection_is_closed_after_idle_timeout<B: Backend>(b: &B) {
         let idle = Duration::from_secs(1);
-        let config = ServerConfig {
-            idle_timeout: Some(idle),
-            ..ServerConfig::default()
-        };
+        let mut config = ServerConfig::default();
+        config.idle_timeout = Some(idle);
         let (addr, parked) = parking_server(b, config).await;
         let connected = Instant::now();
         let (_tx, mut rx) = hand_peer(b, &addr).await;
@@ -811,11 +803,9 @@ pub mod cases {
     /// client or the accept loop.
     pub async fn a_connection_flood_past_max_connections_leaves_clients_served<B: Backend>(b: &B) {
         const MAX: usize = 4;
-        let config = ServerConfig {
-            max_connections: MAX,
-            idle_timeout: None,
-            ..ServerConfig::default()
-        };
+        let mut config = ServerConfig::default();
+        config.max_connections = MAX;
+        config.idle_timeout = None;
         let parked = Arc::new(Parked::default());
         let (addr, server) = serve(
             b.transport(8 * MIB),
@@ -881,10 +871,8 @@ pub mod cases {
     ) {
         raise_nofile_limit();
         let limit = 8 * MIB;
-        let config = StreamConfig {
-            memory_budget: MemoryBudget::new(limit),
-            ..StreamConfig::default()
-        };
+        let mut config = StreamConfig::default();
+        config.memory_budget = MemoryBudget::new(limit);
         let (addr, budget) = stream_server(b, config).await;
         let mut peers = Vec::new();
         for id in 0..200u64 {
@@ -928,10 +916,8 @@ pub mod cases {
     /// throughout. Fails without the frame timeout (the connections stay open forever).
     pub async fn stalled_partial_frames_are_closed_after_frame_timeout<B: StreamBackend>(b: &B) {
         let timeout = Duration::from_secs(1);
-        let config = StreamConfig {
-            frame_timeout: Some(timeout),
-            ..StreamConfig::default()
-        };
+        let mut config = StreamConfig::default();
+        config.frame_timeout = Some(timeout);
         let (addr, budget) = stream_server(b, config).await;
         let small = request_frame(method::ECHO, 1, &[7u8; 100]);
         let mut large = request_head(method::ECHO, 2, MAX_PAYLOAD);
@@ -1007,7 +993,7 @@ pub mod cases {
             }
         }
         let c = good_client(b, &addr, MIB).await;
-        let budget_limit = crate::stream::DEFAULT_RECEIVE_BUDGET as u64;
+        let budget_limit = transport_core::stream::DEFAULT_RECEIVE_BUDGET as u64;
         // A frame's first chunk is at least 64 KiB.
         let every_announcement = CHILD_PEERS as u64 * (64 << 10);
         // Wait until the child's receivers have taken all the budget they may.
@@ -1124,10 +1110,8 @@ pub mod cases {
     pub async fn oversized_frame_is_refused_and_skipped_without_being_stored<B: StreamBackend>(
         b: &B,
     ) {
-        let config = StreamConfig {
-            max_message_size: MIB,
-            ..StreamConfig::default()
-        };
+        let mut config = StreamConfig::default();
+        config.max_message_size = MIB;
         let (addr, budget) = stream_server(b, config).await;
         let mut raw = b.connect_raw(&addr).await.expect("raw connect");
         let mut buf = BytesMut::new();
