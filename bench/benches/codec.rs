@@ -6,7 +6,7 @@
 use bytes::{BufMut, BytesMut};
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use tokio_util::codec::Decoder;
-use transport_core::frame::{encode_prefix, FrameDecoder, PREFIX_LEN};
+use transport_framed::frame::{encode_prefix, FrameDecoder, PREFIX_LEN};
 use transport_rpc::{Kind, RpcHeader};
 
 /// Decodes every whole frame in `buf`; returns how many.

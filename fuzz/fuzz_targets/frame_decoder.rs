@@ -1,4 +1,4 @@
-//! The stream frame decoder (`transport_core::frame::FrameDecoder`, what the uds and tcp
+//! The stream frame decoder (`transport_framed::frame::FrameDecoder`, what the uds and tcp
 //! receivers run on every byte a peer sends) fed a stream of whole frames, lying prefixes and
 //! raw bytes, in chunks of any size. It must not panic; every message it returns fits the
 //! limit; `holds_frame` is true exactly when the next decode returns a message; while no
@@ -10,7 +10,7 @@ use arbitrary::Arbitrary;
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
 use tokio_util::codec::Decoder;
-use transport_core::frame::{FrameDecoder, FramePrefix};
+use transport_framed::frame::{FrameDecoder, FramePrefix};
 use transport_core::TransportError;
 
 #[derive(Arbitrary, Debug)]

@@ -37,7 +37,7 @@ pub enum TransportError {
         expected: u64,
     },
     /// A message had started arriving and no more of it came for the configured time
-    /// ([`StreamConfig::frame_timeout`](crate::stream::StreamConfig::frame_timeout)), or its
+    /// (`transport_framed::StreamConfig::frame_timeout`), or its
     /// memory could not be had from the budget in that time: the connection is closed.
     Stalled {
         /// Bytes of the frame received so far.
@@ -79,7 +79,7 @@ pub enum TransportError {
     Backend(BackendError),
     /// The connection failed earlier with the error inside (its [`source`]), and every
     /// operation on it since reports that: a stream receiver asked again after a fatal error
-    /// (see [`StreamReceiver`](crate::stream::StreamReceiver)) answers this. Shared, so that
+    /// (see `transport_framed::StreamReceiver`) answers this. Shared, so that
     /// each later call gets the same first error, typed; [`TransportError::original`] gets it
     /// back.
     ///

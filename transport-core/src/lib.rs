@@ -1,8 +1,9 @@
 //! # transport-core
 //!
 //! One transport abstraction for RPC at the speed of the wire: the traits every backend
-//! implements and the messages they carry. The RPC layer built on it is `transport-rpc`; the
-//! suites every backend runs are `transport-test`.
+//! implements and the messages they carry. Messages framed over byte streams (the TCP and
+//! Unix-socket connection) are `transport-framed`; the RPC layer built on the traits is
+//! `transport-rpc`; the suites every backend runs are `transport-test`.
 //!
 //! - [`Transport`], [`Listener`], [`Connection`], [`MessageSender`], [`MessageReceiver`]: connect /
 //!   listen / accept and whole-message send and receive. Backends: `transport-tcp`,
@@ -13,9 +14,6 @@
 //! - [`Capabilities`] and per-connection [`Metrics`] (messages, bytes, payload bytes copied,
 //!   syscalls, doorbells, registrations, in-flight depth) so tools can explain where time goes.
 //! - [`budget`]: memory budgets shared by a transport's receivers or a server's handlers.
-//! - [`frame`]: the sans-IO stream framing; [`stream`]: connections over any byte stream
-//!   ([`stream::StreamConnection`] is the TCP and Unix-socket connection); [`sock`]: the one
-//!   socket call made here.
 //! - [`spin`]: spinning before a runtime thread parks (a tokio `on_thread_park` hook).
 //!
 //! ```no_run
@@ -35,12 +33,9 @@
 pub mod budget;
 mod caps;
 mod error;
-pub mod frame;
 mod message;
 mod metrics;
-pub mod sock;
 pub mod spin;
-pub mod stream;
 mod transport;
 
 /// Polls `fut` once, on the calling task: its output if it is ready, `Pending` (with the

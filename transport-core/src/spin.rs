@@ -430,7 +430,7 @@ impl Drop for Registration {
 
 /// Runs `read` with `fd` registered for spinning while it is pending (only when a hook
 /// exists: otherwise this is `read` itself).
-pub(crate) async fn spinning<F: Future>(fd: Option<RawFd>, read: F) -> F::Output {
+pub async fn spinning<F: Future>(fd: Option<RawFd>, read: F) -> F::Output {
     let Some(fd) = fd.filter(|_| ENABLED.load(Ordering::Relaxed)) else {
         return read.await;
     };

@@ -61,9 +61,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::codec::Decoder;
-use transport_core::frame::{encode_prefix, FrameDecoder, PREFIX_LEN};
-use transport_core::stream::{DEFAULT_FRAME_TIMEOUT, DEFAULT_MAX_MESSAGE_SIZE};
 use transport_core::{HeapPool, Message, Metrics, TransportError};
+use transport_framed::frame::{encode_prefix, FrameDecoder, PREFIX_LEN};
+use transport_framed::{DEFAULT_FRAME_TIMEOUT, DEFAULT_MAX_MESSAGE_SIZE};
 
 /// Default of [`BlockingConfig::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
@@ -370,7 +370,7 @@ fn recv_into<S: AsRawFd>(
     buf.reserve(max);
     let spare = buf.spare_capacity_mut();
     let len = spare.len().min(max);
-    let n = transport_core::sock::recv_uninit(socket.as_raw_fd(), &mut spare[..len], flags)?;
+    let n = transport_framed::sock::recv_uninit(socket.as_raw_fd(), &mut spare[..len], flags)?;
     // SAFETY: `recv_uninit` initialised the first `n` (<= len) bytes of the spare capacity.
     unsafe { buf.set_len(buf.len() + n) };
     metrics.bytes_received.add(n as u64);

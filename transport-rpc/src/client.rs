@@ -1818,9 +1818,7 @@ mod tests {
     /// A client on a [`Looking`](crate::test_util::Looking) end (its receiver answers
     /// `try_recv`), the counts of what those looks found, and the server's end.
     fn looking_client() -> (
-        RpcClient<
-            transport_core::stream::StreamSender<tokio::io::WriteHalf<tokio::io::DuplexStream>>,
-        >,
+        RpcClient<transport_framed::StreamSender<tokio::io::WriteHalf<tokio::io::DuplexStream>>>,
         Arc<crate::test_util::LookCounts>,
         Duplex,
     ) {

@@ -928,7 +928,8 @@ mod tests {
     /// One request frame, as the client would write it.
     fn request_frame(id: u64, payload: &[u8]) -> Vec<u8> {
         let header = RpcHeader::new(Kind::Request, 1, id, payload.len()).encode();
-        let mut frame = transport_core::frame::encode_prefix(header.len(), payload.len()).to_vec();
+        let mut frame =
+            transport_framed::frame::encode_prefix(header.len(), payload.len()).to_vec();
         frame.extend_from_slice(&header);
         frame.extend_from_slice(payload);
         frame
@@ -939,7 +940,7 @@ mod tests {
     /// and decoded messages in.
     fn server_on_raw_stream() -> (
         tokio::io::WriteHalf<tokio::io::DuplexStream>,
-        transport_core::stream::StreamReceiver<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
+        transport_framed::StreamReceiver<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
     ) {
         let (w, replies, _) = server_on_raw_stream_with(
             |req: Request| async move {
@@ -957,7 +958,7 @@ mod tests {
         pipe: usize,
     ) -> (
         tokio::io::WriteHalf<tokio::io::DuplexStream>,
-        transport_core::stream::StreamReceiver<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
+        transport_framed::StreamReceiver<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
         Arc<Metrics>,
     ) {
         let (client_end, server_end) = Duplex::pair_with_pipe(8 << 20, pipe);
@@ -965,8 +966,7 @@ mod tests {
         let server = RpcServer::new(handler, ServerConfig::default());
         tokio::spawn(async move { server.serve_connection(server_end).await });
         let (r, w) = tokio::io::split(client_end.io);
-        let replies =
-            transport_core::stream::StreamReceiver::new(r, Arc::default(), &client_end.config);
+        let replies = transport_framed::StreamReceiver::new(r, Arc::default(), &client_end.config);
         (w, replies, server_metrics)
     }
 
@@ -1051,7 +1051,7 @@ mod tests {
             },
             PIPE,
         );
-        let second = vec![8u8; 2 * transport_core::stream::DEFAULT_READ_BUFFER];
+        let second = vec![8u8; 2 * transport_framed::DEFAULT_READ_BUFFER];
         let bytes = [request_frame(1, b"a"), request_frame(2, &second)].concat();
         assert!(bytes.len() < PIPE);
         w.write_all(&bytes)
@@ -1296,7 +1296,7 @@ mod tests {
         let serving = tokio::spawn(async move { server.serve_connection(server_end).await });
         let (r, mut w) = tokio::io::split(client_end.io);
         let mut replies =
-            transport_core::stream::StreamReceiver::new(r, Arc::default(), &client_end.config);
+            transport_framed::StreamReceiver::new(r, Arc::default(), &client_end.config);
         let frame = request_frame(1, &vec![7u8; 4 << 20]);
         // 4 MiB over ~4 s, 300 ms between pieces: never a second without bytes.
         for piece in frame.chunks(frame.len() / 13 + 1) {

@@ -3,10 +3,10 @@
 
 use std::sync::{Arc, Mutex};
 use tokio::io::{DuplexStream, ReadHalf, WriteHalf};
-use transport_core::stream::{StreamConfig, StreamReceiver, StreamSender};
 use transport_core::{
     Capabilities, Connection, Message, MessageReceiver, MessageSender, Metrics, TransportError,
 };
+use transport_framed::{StreamConfig, StreamReceiver, StreamSender};
 
 /// One end of an in-memory stream connection.
 pub(crate) struct Duplex {

@@ -137,7 +137,7 @@ impl ShmConfig {
             inline_limit: 1024,
             max_message_size,
             spin: Duration::from_micros(50),
-            frame_timeout: Some(transport_core::stream::DEFAULT_FRAME_TIMEOUT),
+            frame_timeout: Some(transport_framed::DEFAULT_FRAME_TIMEOUT),
             limits,
         }
     }

@@ -117,7 +117,7 @@ pub const DEFAULT_CHUNK_SIZE: usize = 256 << 10;
 const EOS_HEADER: [u8; 1] = [0xE0];
 
 /// Settings of a [`ByteStream`]: bytes carried over a message connection. (Not
-/// `transport_core::stream::StreamConfig`, which goes the other way: messages over a byte
+/// `transport_framed::StreamConfig`, which goes the other way: messages over a byte
 /// stream.)
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -130,7 +130,7 @@ pub struct ByteStreamConfig {
 /// The former name of [`ByteStreamConfig`].
 #[deprecated(
     note = "renamed ByteStreamConfig: it configures bytes over messages, the opposite of \
-                     transport_core::stream::StreamConfig"
+                     transport_framed::StreamConfig"
 )]
 pub type StreamConfig = ByteStreamConfig;
 

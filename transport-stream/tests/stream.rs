@@ -310,7 +310,7 @@ async fn zero_copy_chunks<B: Backend>(b: &B) {
     let read_ahead = if b.transport(MAX_MESSAGE).capabilities().registered_buffers {
         0
     } else {
-        transport_core::stream::DEFAULT_READ_BUFFER as u64
+        transport_framed::DEFAULT_READ_BUFFER as u64
     };
     assert!(
         server_copied <= read_ahead,

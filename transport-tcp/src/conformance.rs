@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use tokio::net::TcpStream;
-use transport_core::stream::StreamConfig;
+use transport_framed::StreamConfig;
 use transport_test::conformance::Backend;
 use transport_test::hostile::StreamBackend;
 

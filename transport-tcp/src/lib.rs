@@ -2,7 +2,7 @@
 //!
 //! The TCP backend of `transport-core`: tokio sockets configured through socket2
 //! (`TCP_NODELAY`, optional `SO_SNDBUF`/`SO_RCVBUF`, listen backlog), with messages framed by
-//! [`transport_core::frame`] and written with vectored writes straight from the payload
+//! [`transport_framed::frame`] and written with vectored writes straight from the payload
 //! buffers (no user-space payload copy on send; received payloads are slices of the read
 //! buffer).
 //!
@@ -38,8 +38,8 @@ use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::net::{TcpListener as TokioListener, TcpStream};
-use transport_core::stream::{SocketReceiver, SocketSender, StreamConfig, StreamConnection};
 use transport_core::{Capabilities, Listener, Transport, TransportError};
+use transport_framed::{SocketReceiver, SocketSender, StreamConfig, StreamConnection};
 
 /// TCP settings.
 #[derive(Debug, Clone)]

@@ -41,11 +41,11 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::codec::Decoder;
 use transport_core::budget::MemoryBudget;
-use transport_core::frame::{encode_prefix, FrameDecoder, PREFIX_LEN};
-use transport_core::stream::StreamConfig;
 use transport_core::{
     Connection, HeaderBytes, Listener, Message, MessageReceiver, MessageSender, Transport,
 };
+use transport_framed::frame::{encode_prefix, FrameDecoder, PREFIX_LEN};
+use transport_framed::StreamConfig;
 use transport_rpc::{
     code, ClientConfig, Handler, Kind, Request, RpcClient, RpcHeader, RpcServer, ServerConfig,
     Status, RPC_HEADER_LEN,
@@ -73,8 +73,8 @@ const CHILD_READY: &str = "HOSTILE_CHILD_LISTENING ";
 const CHILD_ENTRY: &str = "hostile_raw_request_is_answered";
 const MIB: usize = 1 << 20;
 /// The largest frame the default settings accept, announced by the hostile peers: an RPC
-/// request whose header and payload make exactly [`transport_core::stream::DEFAULT_MAX_MESSAGE_SIZE`].
-const MAX_PAYLOAD: usize = transport_core::stream::DEFAULT_MAX_MESSAGE_SIZE - RPC_HEADER_LEN;
+/// request whose header and payload make exactly [`transport_framed::DEFAULT_MAX_MESSAGE_SIZE`].
+const MAX_PAYLOAD: usize = transport_framed::DEFAULT_MAX_MESSAGE_SIZE - RPC_HEADER_LEN;
 
 /// Expands to one `#[test]` per RPC-level case for the [`Backend`] expression `$backend`;
 /// attributes after it go on every test, as with
@@ -993,7 +993,7 @@ pub mod cases {
             }
         }
         let c = good_client(b, &addr, MIB).await;
-        let budget_limit = transport_core::stream::DEFAULT_RECEIVE_BUDGET as u64;
+        let budget_limit = transport_framed::DEFAULT_RECEIVE_BUDGET as u64;
         // A frame's first chunk is at least 64 KiB.
         let every_announcement = CHILD_PEERS as u64 * (64 << 10);
         // Wait until the child's receivers have taken all the budget they may.

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::net::UnixStream;
-use transport_core::stream::StreamConfig;
+use transport_framed::StreamConfig;
 use transport_test::conformance::Backend;
 use transport_test::hostile::StreamBackend;
 

@@ -1,7 +1,7 @@
 //! # transport-uds
 //!
 //! The Unix-domain socket backend of `transport-core`: tokio `UnixStream`s carrying the
-//! same framing as TCP ([`transport_core::frame`]), written with vectored writes straight
+//! same framing as TCP ([`transport_framed::frame`]), written with vectored writes straight
 //! from the payload buffers.
 //!
 //! ## Listening safely
@@ -61,8 +61,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use tokio::net::{UnixListener, UnixStream};
-use transport_core::stream::{SocketReceiver, SocketSender, StreamConfig, StreamConnection};
 use transport_core::{Capabilities, Listener, Transport, TransportError};
+use transport_framed::{SocketReceiver, SocketSender, StreamConfig, StreamConnection};
 
 /// A Unix socket path.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

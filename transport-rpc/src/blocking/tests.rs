@@ -2,7 +2,7 @@ use super::*;
 use std::io::Read;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::mpsc;
-use transport_core::frame::encode_prefix;
+use transport_framed::frame::encode_prefix;
 
 const ECHO: u32 = 1;
 const SLOW: u32 = 2;
@@ -71,12 +71,8 @@ fn async_served(
     let async_server = super::super::RpcServer::new(handle, ServerConfig::default());
     let task = rt.spawn(async move {
         let b = tokio::net::UnixStream::from_std(b).unwrap();
-        let conn = transport_core::stream::StreamConnection::new(
-            b,
-            "uds",
-            Default::default(),
-            "pair".into(),
-        );
+        let conn =
+            transport_framed::StreamConnection::new(b, "uds", Default::default(), "pair".into());
         async_server.serve_connection(conn).await
     });
     (a, task)
@@ -170,12 +166,8 @@ fn blocking_and_async_ends_interoperate() {
     a.set_nonblocking(true).unwrap();
     let got = rt.block_on(async move {
         let a = tokio::net::UnixStream::from_std(a).unwrap();
-        let conn = transport_core::stream::StreamConnection::new(
-            a,
-            "uds",
-            Default::default(),
-            "pair".into(),
-        );
+        let conn =
+            transport_framed::StreamConnection::new(a, "uds", Default::default(), "pair".into());
         let client = super::super::RpcClient::new(conn, Default::default());
         let calls: Vec<_> = (0..8u8)
             .map(|i| {

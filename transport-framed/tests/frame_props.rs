@@ -14,13 +14,13 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes, BytesMut};
 use proptest::prelude::*;
 use tokio_util::codec::{Decoder, Encoder};
-use transport_core::frame::{
-    FrameDecoder, FrameEncoder, FramePrefix, PREFIX_LEN, STREAM_MAGIC, STREAM_VERSION,
-};
-use transport_core::stream::{StreamConfig, StreamReceiver, StreamSender};
 use transport_core::{
     HeaderBytes, Message, MessageReceiver, MessageSender, Metrics, TransportError, MAX_HEADER_LEN,
 };
+use transport_framed::frame::{
+    FrameDecoder, FrameEncoder, FramePrefix, PREFIX_LEN, STREAM_MAGIC, STREAM_VERSION,
+};
+use transport_framed::{StreamConfig, StreamReceiver, StreamSender};
 
 /// A small maximum so that the oversize paths are exercised often.
 const MAX: usize = 4096;

@@ -4,7 +4,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), transport_core::TransportError> {
-//! use transport_core::stream::{StreamConfig, StreamConnection};
+//! use transport_framed::{StreamConfig, StreamConnection};
 //! use transport_core::Connection;
 //!
 //! let socket = tokio::net::TcpStream::connect("127.0.0.1:7000").await?;
@@ -14,11 +14,11 @@
 //! ```
 
 use super::{StreamConfig, StreamReceiver, StreamSender};
-use crate::{Capabilities, Connection, Metrics};
 use std::fmt::Debug;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite};
+use transport_core::{Capabilities, Connection, Metrics};
 
 /// A connected byte-stream socket that splits into owned halves: tokio's `TcpStream` and
 /// `UnixStream`.
@@ -128,8 +128,8 @@ impl<S: StreamSocket> Connection for StreamConnection<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{HeaderBytes, Message, MessageReceiver, MessageSender};
     use bytes::Bytes;
+    use transport_core::{HeaderBytes, Message, MessageReceiver, MessageSender};
 
     /// Both socket types carry a message through the one connection type, and the halves
     /// share the connection's counters.

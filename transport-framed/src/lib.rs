@@ -1,4 +1,13 @@
-//! Message connections over any byte stream (the shared half of the TCP and Unix backends).
+//! # transport-framed
+//!
+//! Messages framed over any byte stream: the connection the TCP and Unix-socket backends
+//! share. (The opposite direction, a byte stream over a transport's messages for stream-based
+//! frameworks, is `transport-stream`.)
+//!
+//! - [`frame`]: the sans-IO frame codec (an 8-byte prefix, header, payload);
+//! - [`StreamConnection`], [`StreamSender`], [`StreamReceiver`]: a connection over a socket or
+//!   any `AsyncRead + AsyncWrite`;
+//! - [`sock`]: the one socket system call made here.
 //!
 //! [`StreamSender`] writes each message as prefix + header + payload with one vectored write
 //! (the payload is never copied into a staging buffer; a frame without payload goes by a plain
@@ -29,11 +38,7 @@
 //! [`StreamConfig::frame_timeout`] fails the receiver with [`TransportError::Stalled`]. Small
 //! frames live in the read buffer ([`StreamConfig::read_buffer_size`]), which is not charged.
 
-use crate::budget::{Charge, MemoryBudget};
 use crate::frame::{EncodedFrame, FrameDecoder, FrameEncoder, FramePrefix, PREFIX_LEN};
-use crate::{
-    Capabilities, Message, MessageReceiver, MessageSender, Metrics, TransportError, MAX_HEADER_LEN,
-};
 use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::future::Future;
@@ -44,7 +49,13 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, Sleep};
 use tokio_util::codec::Decoder;
+use transport_core::budget::{Charge, MemoryBudget};
+use transport_core::{
+    Capabilities, Message, MessageReceiver, MessageSender, Metrics, TransportError, MAX_HEADER_LEN,
+};
 
+pub mod frame;
+pub mod sock;
 mod socket;
 mod unix;
 pub use socket::{SocketReceiver, SocketSender, StreamConnection, StreamSocket};
@@ -135,19 +146,11 @@ impl StreamConfig {
     /// zero-copy both ways, nothing registered or one-sided. `event_fd` says whether progress
     /// is driven by a pollable descriptor (a socket: yes; an in-memory pipe: no).
     pub fn capabilities(&self, name: &'static str, event_fd: bool) -> Capabilities {
-        Capabilities {
-            name,
-            max_message_size: self.max_message_size,
-            max_header_len: MAX_HEADER_LEN,
-            inline_size: 0,
-            rdma_read: false,
-            rdma_write: false,
-            zero_copy_send: true,
-            zero_copy_recv: true,
-            registered_buffers: false,
-            event_fd,
-            reliable_ordered: true,
-        }
+        let mut caps = Capabilities::new(name, self.max_message_size);
+        caps.zero_copy_send = true;
+        caps.zero_copy_recv = true;
+        caps.event_fd = event_fd;
+        caps
     }
 }
 
@@ -429,7 +432,7 @@ async fn until<F: Future>(
 /// # async fn main() {
 /// use std::sync::Arc;
 /// use tokio::io::AsyncWriteExt;
-/// use transport_core::stream::{StreamConfig, StreamReceiver};
+/// use transport_framed::{StreamConfig, StreamReceiver};
 /// use transport_core::{MessageReceiver, TransportError};
 ///
 /// let (mut peer, ours) = tokio::io::duplex(1024);
@@ -463,7 +466,7 @@ pub struct StreamReceiver<R> {
     progressed: bool,
     /// Armed on the first wait inside a frame, then kept (see [`until`]).
     stall_timer: Option<Pin<Box<Sleep>>>,
-    /// The socket, for spinning before the runtime parks ([`crate::spin`]).
+    /// The socket, for spinning before the runtime parks ([`transport_core::spin`]).
     spin_fd: Option<std::os::fd::RawFd>,
 }
 
@@ -489,7 +492,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> StreamReceiver<R> {
     }
 
     /// Names the socket this receiver reads, so that a runtime thread with
-    /// [`crate::spin::park_hook`] installed polls it before parking while a read waits.
+    /// [`transport_core::spin::park_hook`] installed polls it before parking while a read waits.
     pub fn set_spin_fd(&mut self, fd: std::os::fd::RawFd) {
         self.spin_fd = Some(fd);
     }
@@ -721,7 +724,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
             let read = until(
                 &mut self.stall_timer,
                 deadline,
-                crate::spin::spinning(
+                transport_core::spin::spinning(
                     self.spin_fd,
                     self.io.read_buf(&mut (&mut self.buf).limit(limit)),
                 ),
@@ -771,8 +774,8 @@ impl<R: AsyncRead + Unpin + Send + 'static> MessageReceiver for StreamReceiver<R
 mod tests {
     use super::*;
     use crate::frame::encode_prefix;
-    use crate::HeaderBytes;
     use bytes::Bytes;
+    use transport_core::HeaderBytes;
 
     fn pair(
         max: usize,

@@ -15,7 +15,7 @@
 //! ```
 //! use bytes::{Bytes, BytesMut};
 //! use tokio_util::codec::{Decoder, Encoder};
-//! use transport_core::frame::{FrameDecoder, FrameEncoder};
+//! use transport_framed::frame::{FrameDecoder, FrameEncoder};
 //! use transport_core::{HeaderBytes, Message};
 //!
 //! let msg = Message::new(HeaderBytes::from(*b"hd"), Bytes::from_static(b"payload"));
@@ -41,9 +41,9 @@
 //! [`FrameDecoder::detach`] and turns the whole frame into a message with
 //! [`FramePrefix::split_frame`]: the prefix is parsed in one place.
 
-use crate::{HeaderBytes, Message, TransportError, MAX_HEADER_LEN};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
+use transport_core::{HeaderBytes, Message, TransportError, MAX_HEADER_LEN};
 
 /// Bytes before the header.
 pub const PREFIX_LEN: usize = 8;
@@ -60,7 +60,7 @@ const MAX_HEAD_LEN: usize = PREFIX_LEN + MAX_HEADER_LEN;
 /// [`FrameDecoder`] (the only place that parses one) for a frame it accepted.
 ///
 /// ```
-/// use transport_core::frame::FramePrefix;
+/// use transport_framed::frame::FramePrefix;
 ///
 /// let p = FramePrefix::new(24, 1000).expect("lengths the format can carry");
 /// assert_eq!(p.to_bytes(), [b't', b'x', 1, 24, 0xe8, 0x03, 0, 0]);
@@ -210,7 +210,7 @@ pub fn check_send_size(msg: &Message, max_message_size: usize) -> Result<(), Tra
 ///
 /// ```
 /// # use bytes::Bytes;
-/// # use transport_core::frame::FrameEncoder;
+/// # use transport_framed::frame::FrameEncoder;
 /// # use transport_core::{HeaderBytes, Message};
 /// let frame = FrameEncoder::new(1 << 20)
 ///     .encode_frame(Message::new(HeaderBytes::from([1, 2]), Bytes::from_static(b"abc")))?;
@@ -267,7 +267,7 @@ impl std::fmt::Debug for EncodedFrame {
 ///
 /// ```
 /// # use bytes::Bytes;
-/// # use transport_core::frame::FrameEncoder;
+/// # use transport_framed::frame::FrameEncoder;
 /// # use transport_core::{HeaderBytes, Message, TransportError};
 /// let encoder = FrameEncoder::new(16);
 /// let big = Message::new(HeaderBytes::EMPTY, Bytes::from(vec![0; 17]));
@@ -363,7 +363,7 @@ enum State {
 /// ```
 /// use bytes::BytesMut;
 /// use tokio_util::codec::Decoder;
-/// use transport_core::frame::{encode_prefix, FrameDecoder};
+/// use transport_framed::frame::{encode_prefix, FrameDecoder};
 /// use transport_core::TransportError;
 ///
 /// let mut d = FrameDecoder::new(1024);
