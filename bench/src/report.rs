@@ -537,9 +537,24 @@ impl Report {
         }
     }
 
-    /// The terminal rendering.
+    /// The terminal rendering: what was measured and how, the latency table, the throughput
+    /// table, the diagnosis.
     pub fn render(&self) -> String {
         let mut out = String::new();
+        self.render_preamble(&mut out);
+        out.push('\n');
+        self.render_latency(&mut out);
+        self.os_notes(&mut out);
+        out.push('\n');
+        self.render_throughput(&mut out);
+        self.render_unavailable(&mut out);
+        self.render_diagnosis(&mut out);
+        let _ = writeln!(out, "\n(total {:.1} s)", self.wall_seconds);
+        out
+    }
+
+    /// The lines above the tables: mode, placement, runs and window, payload memory.
+    fn render_preamble(&self, out: &mut String) {
         let what = if self.settings.raw() {
             "raw backend connection vs RPC over it"
         } else {
@@ -599,7 +614,10 @@ impl Report {
                  --heap-payload for heap memory)"
             }
         );
-        out.push('\n');
+    }
+
+    /// The latency table (os, raw and RPC ping), and the transports not available.
+    fn render_latency(&self, out: &mut String) {
         // The OS columns appear when some transport has its OS baseline (local mode, uds and
         // tcp; verbs with its link); a transport without one shows "n/a" there. The raw
         // columns appear when raw was measured (not with --only rpc).
@@ -681,13 +699,13 @@ impl Report {
             t.row(row);
         }
         if !pinged.is_empty() {
-            t.render(&mut out);
+            t.render(out);
         }
-        for u in &self.unavailable {
-            let _ = writeln!(out, "  {:<9}  not available: {}", u.transport, u.reason);
-        }
-        self.os_notes(&mut out);
-        out.push('\n');
+        self.render_unavailable(out);
+    }
+
+    /// The throughput table, or why there is none.
+    fn render_throughput(&self, out: &mut String) {
         if self.transports.iter().all(|r| r.cells.is_empty()) {
             out.push_str("Throughput: not measured (--ops ping only)\n");
         } else {
@@ -762,11 +780,19 @@ impl Report {
                     t.row(row);
                 }
             }
-            t.render(&mut out);
+            t.render(out);
         }
+    }
+
+    /// The transports that could not be measured, and why.
+    fn render_unavailable(&self, out: &mut String) {
         for u in &self.unavailable {
             let _ = writeln!(out, "  {:<9}  not available: {}", u.transport, u.reason);
         }
+    }
+
+    /// The diagnosis table and its verdicts, or why there is none.
+    fn render_diagnosis(&self, out: &mut String) {
         if !self.diagnosis.is_empty() {
             out.push('\n');
             out.push_str(
@@ -816,7 +842,7 @@ impl Report {
                     },
                 ]);
             }
-            t.render(&mut out);
+            t.render(out);
             for d in &self.diagnosis {
                 let _ = writeln!(out, "  {}", d.verdict);
                 if let Some(l) = &d.latency_verdict {
@@ -828,8 +854,6 @@ impl Report {
                 "\nDiagnosis: none (it sets RPC against raw, which --only rpc does not measure)\n",
             );
         }
-        let _ = writeln!(out, "\n(total {:.1} s)", self.wall_seconds);
-        out
     }
 }
 
