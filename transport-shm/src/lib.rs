@@ -87,5 +87,6 @@ pub mod ring;
 pub mod setup;
 pub mod side;
 pub mod transport;
+mod wait;
 
 pub use transport::{ShmTransport, ShmTransportListener};
