@@ -10,8 +10,8 @@ use arbitrary::Arbitrary;
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
 use tokio_util::codec::Decoder;
-use transport_framed::frame::{FrameDecoder, FramePrefix};
 use transport_core::TransportError;
+use transport_framed::frame::{FrameDecoder, FramePrefix};
 
 #[derive(Arbitrary, Debug)]
 enum Piece {

@@ -16,11 +16,11 @@ use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
 use tokio_util::codec::Decoder;
+use transport_core::{Capabilities, Connection, Metrics};
 use transport_framed::frame::{FrameDecoder, FramePrefix};
+use transport_framed::{StreamConfig, StreamReceiver, StreamSender};
 use transport_rpc::header::{Kind, RpcHeader, RPC_HEADER_LEN};
 use transport_rpc::{RpcServer, ServerConfig, Status};
-use transport_framed::{StreamConfig, StreamReceiver, StreamSender};
-use transport_core::{Capabilities, Connection, Metrics};
 
 const MAX_MESSAGE: usize = 1 << 16;
 
